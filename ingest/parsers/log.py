@@ -1,0 +1,115 @@
+"""``parse_log``: one pass over a text log (plain or gzip) into typed events.
+
+Each format module contributes a parser object with ``triggers`` (byte strings that every line
+it cares about contains) and ``feed(line, prefix, follow) -> [Event]``; ``flush()`` ends any
+multi-line block. Only lines holding a trigger are decoded, which keeps the pass near the speed
+of a plain byte scan on logs that are mostly training noise.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import BinaryIO, Protocol
+
+from .events import Event
+from .lines import LineScanner, UnreadableInput
+from .prefix import split_prefix
+from .pytorch import PytorchParser
+
+# Enough for every rank of a 16k-rank job to report a timeout, progress and a stack twice over,
+# and small enough that a log of nothing but matching lines cannot exhaust memory.
+MAX_EVENTS = 100_000
+
+
+class LineParser(Protocol):
+    triggers: tuple[bytes, ...]
+
+    def feed(self, line, pre, follow: Callable[[int], None]) -> list[Event]: ...
+
+    def flush(self) -> list[Event]: ...
+
+
+def default_parsers() -> list[LineParser]:
+    return [PytorchParser()]
+
+
+@dataclass(frozen=True, slots=True)
+class ParseIssue:
+    line: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogParse:
+    source: str
+    events: tuple[Event, ...]
+    issues: tuple[ParseIssue, ...] = ()
+    lines: int = 0
+    dropped_events: int = 0
+    complete: bool = True  # False when the input was cut off (truncated gzip)
+
+    def of_kind(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+
+@dataclass
+class _Collector:
+    source: str
+    events: list[Event] = field(default_factory=list)
+    dropped: int = 0
+
+    def add(self, new: Iterable[Event]) -> None:
+        for event in new:
+            if len(self.events) >= MAX_EVENTS:
+                self.dropped += 1
+                continue
+            if self.source and not event.source:
+                event = _with_source(event, self.source)
+            self.events.append(event)
+
+
+def _with_source(event: Event, source: str) -> Event:
+    import dataclasses
+
+    return dataclasses.replace(event, source=source)
+
+
+def parse_log(
+    stream: BinaryIO | bytes, *, source: str = "", parsers: list[LineParser] | None = None
+) -> LogParse:
+    """Parse a whole log. Never raises on content; a damaged gzip gives what came before it."""
+    if isinstance(stream, bytes | bytearray):
+        stream = io.BytesIO(stream)
+    parsers = parsers if parsers is not None else default_parsers()
+    triggers = tuple(sorted({t for p in parsers for t in p.triggers}))
+    scanner = LineScanner(stream, triggers)
+    out = _Collector(source)
+    issues: list[ParseIssue] = []
+    complete = True
+    last_line = 0
+    try:
+        for line in scanner:
+            last_line = line.number
+            if line.truncated:
+                issues.append(ParseIssue(line.number, "line longer than the limit; cut"))
+            pre = split_prefix(line.text)
+            for parser in parsers:
+                try:
+                    out.add(parser.feed(line, pre, scanner.follow))
+                except Exception as exc:  # a parser bug must not lose the rest of the file
+                    issues.append(ParseIssue(line.number, f"{type(parser).__name__}: {exc!r}"))
+    except UnreadableInput as exc:
+        complete = False
+        issues.append(ParseIssue(last_line, str(exc)))
+    for parser in parsers:
+        out.add(parser.flush())
+    return LogParse(
+        source=source,
+        events=tuple(out.events),
+        issues=tuple(issues[:1000]),
+        lines=scanner.lines_seen,
+        dropped_events=out.dropped,
+        complete=complete,
+    )

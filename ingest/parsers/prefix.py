@@ -1,0 +1,60 @@
+"""Strip the prefixes that launchers and log collectors put before a line.
+
+A line as it reaches us may carry several, outermost first, for example
+``2024-03-21T02:07:08Z (WorkerDict pid=349) [rank3]:[E321 02:07:08.4 ProcessGroupNCCL.cpp:607] …``.
+The rank they name is the *global* rank (``[rankN]:``, ``srun --label``) or the local rank inside
+a torchrun agent (``[defaultN]:``); we keep them apart because only the first identifies a rank
+across hosts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_PREFIXES = re.compile(
+    r"""
+    \s*(?:
+        # kubectl logs --timestamps / journald export: an ISO timestamp
+        (?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)\s
+      | # Ray actors: "(WorkerDict pid=3490362) "
+        \((?P<ray>[\w.]+)\s+pid=\d+(?:,\s*ip=[\d.]+)?\)\s
+      | # PyTorch >= 2.2 c10 logging and torchrun --log-line-prefix-template: "[rank3]:"
+        \[rank(?P<rank>\d+)\]:\s?
+      | # torchrun --tee / --redirects (elastic agent): "[default0]:" names the LOCAL rank
+        \[(?P<role>[A-Za-z_]\w*?)(?P<local>\d+)\]:\s?
+      | # a line counter some log viewers prepend: "[80746] "
+        \[\d+\]\s(?=\S)
+      | # srun --label / mpirun --tag-output: "3: " or "[1,3]<stderr>:"
+        (?P<srun>\d{1,6}):\s
+      | \[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:\s?
+    )
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    rank: int | None
+    local_rank: int | None
+    rest: str
+
+
+def split_prefix(text: str) -> Prefix:
+    rank = local_rank = None
+    pos = 0
+    for _ in range(6):  # a bounded number of nested prefixes
+        m = _PREFIXES.match(text, pos)
+        if not m or m.end() == pos:
+            break
+        if m.group("rank") is not None:
+            rank = int(m.group("rank"))
+        elif m.group("local") is not None:
+            local_rank = int(m.group("local"))
+        elif m.group("srun") is not None and rank is None:
+            rank = int(m.group("srun"))
+        elif m.group("mpi") is not None and rank is None:
+            rank = int(m.group("mpi"))
+        pos = m.end()
+    return Prefix(rank, local_rank, text[pos:])

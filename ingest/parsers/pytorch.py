@@ -1,0 +1,274 @@
+"""ProcessGroupNCCL lines, every PyTorch era from 1.8 to 2.10.
+
+Log prefix (the part naming the process group) by era:
+  - 1.8 – 2.1: ``[Rank 3]``
+  - 2.2 – 2.3: ``[PG 0 Rank 3]`` (and ``[PG 0 (default_pg) Rank 3]`` briefly)
+  - 2.4 +    : ``[PG ID 0 PG GUID 0(default_pg) Rank 3]`` (GUID without a name for sub-groups)
+  Some 2.4+ messages keep the bare ``[Rank 3]`` form while the progress line uses the PG form.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .events import (
+    CollectiveMismatch,
+    CollectiveStack,
+    DesyncReport,
+    DumpSignal,
+    Event,
+    HeartbeatTimeout,
+    WatchdogTimeout,
+    WorkProgress,
+)
+from .lines import Line
+from .prefix import Prefix
+
+TRIGGERS: tuple[bytes, ...] = (
+    b"WorkNCCL(",
+    b"NCCL work:",
+    b"PG status:",
+    b"dump signal",
+    b"Heartbeat monitor timed out",
+    b"Stack trace of the failed collective",
+    b"lagging",
+    b"CollectiveFingerPrint(",
+)
+
+_PG_TAG = re.compile(
+    r"""\[(?:
+        PG\ ID\ (?P<pg_id>\d+)\ PG\ GUID\ (?P<guid>[^\s(\]]+)(?:\((?P<pg_name>[^)]*)\))?   # 2.4+
+      | PG\ (?P<pg_old>\d+)(?:\ \((?P<pg_old_name>[^)]*)\))?                             # 2.2-2.3
+    )?\ ?Rank\ (?P<pg_rank>\d+)\]""",
+    re.VERBOSE,
+)
+# "[rank0]:" somewhere inside the line: tqdm bars and other prints run into it without a newline.
+_INLINE_RANK = re.compile(r"\[rank(\d+)\]:")
+
+# Watchdog timeout, all eras; the body of WorkNCCL(...) is parsed key by key below because its
+# fields changed: 1.8 had only OpType and Timeout(ms); 1.9 added SeqNum; 1.10-1.13 printed
+# TensorShape=[...]; 2.0+ prints NumelIn/NumelOut (18446744073709551615 = -1 for COALESCED).
+_WATCHDOG = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\((?P<body>.*?)\)\s+ran for\s+"
+    r"(?P<ran>\d+)\s+milliseconds before timing out"
+)
+_KV = re.compile(r"(\w+)(?:\(ms\))?=(\[[^\]]*\]|[^,]*)")
+
+# Progress when the watchdog fired.
+#   2.2-2.3: "Timeout at NCCL work: 19, last enqueued NCCL work: 19, last completed NCCL work: 18."
+#   2.4    : "Exception (either an error or timeout) detected by watchdog at work: 29, last …"
+#   2.5+   : "failure detected by watchdog at work sequence id: 5 PG status: last enqueued work: 5,
+#             last completed work: 4"
+_PROGRESS = re.compile(
+    r"(?:(?:Timeout at NCCL work|detected by watchdog at work(?: sequence id)?):\s*(?P<failed>-?\d+)"
+    r"[,.]?\s*(?:PG status:)?\s*)"
+    r"last enqueued (?:NCCL )?work:\s*(?P<enq>-?\d+),\s*"
+    r"(?:last started (?:NCCL )?work:\s*(?P<started>-?\d+),\s*)?"
+    r"last completed (?:NCCL )?work:\s*(?P<done>-?\d+)"
+)
+# 2.4+: "Received a dump signal due to a collective timeout from this local rank | from  rank 7
+# and we will try our best to dump the debug info. Last enqueued NCCL work: X, last completed …"
+# 2.4+: "Observed flight recorder dump signal from another rank via TCPStore."
+_DUMP = re.compile(
+    r"Received a dump signal (?:due to a collective timeout )?from\s+(?:(?P<local>this local rank)"
+    r"|rank\s+(?P<from>\d+))"
+    r"(?:.*?Last enqueued (?:NCCL )?work:\s*(?P<enq>-?\d+),\s*last completed (?:NCCL )?work:\s*"
+    r"(?P<done>-?\d+))?"
+)
+_DUMP_STORE = re.compile(r"(?:Observed|Received) (?:flight recorder )?dump signal from another rank")
+_HEARTBEAT = re.compile(r"Heartbeat monitor timed out")
+_STACK_HEAD = re.compile(r"Stack trace of the failed collective:\s*$")
+_FRAME = re.compile(r"^#(\d+)\s+(.+)$")
+# TraceUtils.h (TORCH_NCCL_DESYNC_DEBUG), 2.0+
+_NEVER_JOINED = re.compile(r"ranks \[(?P<ranks>[\d,\s]*)\] are the lagging ranks")
+_NOT_FINISHED = re.compile(
+    r"\[(?P<ranks>[\d,\s]*)\] joined but didn't finish collective #(?P<seq>\d+)"
+)
+# TORCH_DISTRIBUTED_DEBUG=DETAIL (ProcessGroupWrapper), 1.10+
+_MISMATCH = re.compile(
+    r"Rank (?P<ra>\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\("
+    r"(?:SequenceNumber=(?P<seq>\d+),\s*)?OpType=(?P<opa>\w+)(?:,\s*TensorShape=(?P<sa>\[[^\]]*\]))?"
+    r".*?but Rank (?P<rb>\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\("
+    r"(?:SequenceNumber=\d+,\s*)?OpType=(?P<opb>\w+)(?:,\s*TensorShape=(?P<sb>\[[^\]]*\]))?"
+)
+
+MAX_FRAMES = 24
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    # COALESCED work prints NumelIn=-1 as an unsigned 64-bit number.
+    return -1 if number == 2**64 - 1 else number
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text))
+
+
+class PytorchParser:
+    """Stateful only for multi-line blocks (the frames under a stack-trace header)."""
+
+    triggers = TRIGGERS
+
+    def __init__(self) -> None:
+        self._stack: list[str] | None = None
+        self._stack_head: tuple[Line, int | None] | None = None
+
+    def _pg(self, text: str) -> tuple[str | None, int | None]:
+        m = _PG_TAG.search(text)
+        if not m:
+            return None, None
+        pg = m.group("pg_name") or m.group("pg_id") or m.group("pg_old_name") or m.group("pg_old")
+        return pg, int(m.group("pg_rank"))
+
+    def _rank(self, pre: Prefix, text: str, pg: str | None, pg_rank: int | None) -> int | None:
+        if pre.rank is not None:
+            return pre.rank
+        m = _INLINE_RANK.search(text)
+        if m:
+            return int(m.group(1))
+        # Without a launcher prefix, the PG rank is the global rank only on the default group.
+        if pg in (None, "0", "default_pg"):
+            return pg_rank
+        return None
+
+    def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
+        text = pre.rest
+        out: list[Event] = []
+        if self._stack is not None:
+            m = _FRAME.match(text.strip())
+            if m and len(self._stack) < MAX_FRAMES:
+                self._stack.append(m.group(2)[:300])
+                follow(1)
+                return out
+            out.extend(self.flush())
+        if "WorkNCCL(" in text:
+            m = _WATCHDOG.search(text)
+            if m:
+                fields = {k: v for k, v in _KV.findall(m.group("body"))}
+                pg, pg_rank = self._pg(text)
+                out.append(
+                    WatchdogTimeout(
+                        line=line.number,
+                        text=line.text,
+                        rank=self._rank(pre, line.text, pg, pg_rank),
+                        pg=pg,
+                        pg_rank=pg_rank,
+                        seq=_int(fields.get("SeqNum")),
+                        op=fields.get("OpType", "").strip(),
+                        numel_in=_int(fields.get("NumelIn")),
+                        numel_out=_int(fields.get("NumelOut")),
+                        timeout_ms=_int(fields.get("Timeout")),
+                        ran_for_ms=_int(m.group("ran")),
+                    )
+                )
+                return out
+        m = _PROGRESS.search(text)
+        if m:
+            pg, pg_rank = self._pg(text)
+            out.append(
+                WorkProgress(
+                    line=line.number,
+                    text=line.text,
+                    rank=self._rank(pre, line.text, pg, pg_rank),
+                    pg=pg,
+                    pg_rank=pg_rank,
+                    failed_seq=_int(m.group("failed")),
+                    last_enqueued=_int(m.group("enq")),
+                    last_started=_int(m.group("started")),
+                    last_completed=_int(m.group("done")),
+                )
+            )
+            return out
+        if "dump signal" in text:
+            m = _DUMP.search(text)
+            store = _DUMP_STORE.search(text)
+            if m or store:
+                pg, pg_rank = self._pg(text)
+                out.append(
+                    DumpSignal(
+                        line=line.number,
+                        text=line.text,
+                        rank=self._rank(pre, line.text, pg, pg_rank),
+                        pg=pg,
+                        pg_rank=pg_rank,
+                        from_rank=_int(m.group("from")) if m else None,
+                        via_store=bool(store),
+                        last_enqueued=_int(m.group("enq")) if m else None,
+                        last_completed=_int(m.group("done")) if m else None,
+                    )
+                )
+            return out
+        if _HEARTBEAT.search(text):
+            pg, pg_rank = self._pg(text)
+            out.append(
+                HeartbeatTimeout(
+                    line=line.number,
+                    text=line.text,
+                    rank=self._rank(pre, line.text, pg, pg_rank),
+                    pg=pg,
+                    pg_rank=pg_rank,
+                )
+            )
+            return out
+        if _STACK_HEAD.search(text):
+            self._stack = []
+            self._stack_head = (line, self._rank(pre, line.text, *self._pg(text)))
+            follow(1)
+            return out
+        m = _NEVER_JOINED.search(text)
+        if m:
+            out.append(
+                DesyncReport(
+                    line=line.number,
+                    text=line.text,
+                    rank=pre.rank,
+                    never_joined=_ranks(m.group("ranks")),
+                )
+            )
+            return out
+        m = _NOT_FINISHED.search(text)
+        if m:
+            out.append(
+                DesyncReport(
+                    line=line.number,
+                    text=line.text,
+                    rank=pre.rank,
+                    not_finished=_ranks(m.group("ranks")),
+                    seq=_int(m.group("seq")),
+                )
+            )
+            return out
+        m = _MISMATCH.search(text)
+        if m:
+            out.append(
+                CollectiveMismatch(
+                    line=line.number,
+                    text=line.text,
+                    rank=pre.rank,
+                    seq=_int(m.group("seq")),
+                    rank_a=_int(m.group("ra")),
+                    op_a=m.group("opa"),
+                    shape_a=m.group("sa") or "",
+                    rank_b=_int(m.group("rb")),
+                    op_b=m.group("opb"),
+                    shape_b=m.group("sb") or "",
+                )
+            )
+        return out
+
+    def flush(self) -> list[Event]:
+        if self._stack is None or self._stack_head is None:
+            return []
+        head, rank = self._stack_head
+        frames = tuple(self._stack)
+        self._stack = self._stack_head = None
+        if not frames:
+            return []
+        return [CollectiveStack(line=head.number, text=head.text, rank=rank, frames=frames)]
