@@ -1,0 +1,55 @@
+# Fleetwatch developer targets. Every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+# The PostgreSQL + Redis pass of `make test` (services on this machine; see DEVELOPERS.md).
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
+PYTEST_ARGS       ?=
+
+.PHONY: setup run test test-embedded test-services services lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[server,dev,bench]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## run: migrate, load the demo fleet through the upload API, serve on 127.0.0.1:8000
+run: setup
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py demo_fleet
+	$(BIN)/python manage.py runserver 127.0.0.1:8000
+
+## test: the whole suite on the embedded default, then on PostgreSQL + Redis
+test: test-embedded test-services
+
+test-embedded: setup
+	env -u DATABASE_URL -u CELERY_BROKER_URL -u REDIS_URL $(BIN)/pytest $(PYTEST_ARGS)
+
+test-services: setup services
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) REDIS_URL=$(TEST_REDIS_URL) \
+		$(BIN)/pytest $(PYTEST_ARGS)
+
+services:
+	bash scripts/services.sh
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python manage.py check --fail-level WARNING
+	$(BIN)/python manage.py makemigrations --check --dry-run
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,0 +1,150 @@
+"""The rule engine: every rule reads the facts, the strongest match names the culprit.
+
+Rules are data (``rules.py``): an id, a description, the signals they need, the culprit class,
+a confidence and the fix. The engine itself knows nothing about any particular failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ingest.parsers.events import Event
+
+from .facts import DEFAULT_PG, Facts, gather
+from .model import Alternative, Evidence, IncidentContext, Suspect, Verdict
+from .rules import RULES, RULESET_VERSION, Match
+
+MAX_EVIDENCE = 40
+
+
+def _evidence(event: Event, signal: str) -> Evidence:
+    return Evidence(file=event.source, line=event.line, signal=signal, text=event.text[:500])
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) > 8:
+        return ", ".join(map(str, ranks[:8])) + f" and {len(ranks) - 8} more"
+    return ", ".join(map(str, ranks))
+
+
+def progress_suspects(facts: Facts) -> tuple[list[Suspect], list[Evidence], str]:
+    """Who the other ranks were waiting for, from progress alone (no culprit class)."""
+    suspects: list[Suspect] = []
+    evidence: list[Evidence] = []
+    notes: list[str] = []
+    for pg, group in sorted(facts.groups.items()):
+        lagging, counter = group.lagging()
+        if not lagging:
+            continue
+        stuck = group.stuck_seq()
+        top = max(
+            getattr(p, counter) for p in group.ranks.values() if getattr(p, counter) is not None
+        )
+        for rank in lagging:
+            progress = group.ranks[rank]
+            value = getattr(progress, counter)
+            host = facts.context.rank_hosts.get(rank)
+            if counter == "last_enqueued" and stuck is not None:
+                why = (
+                    f"last enqueued seq {value} on process group {pg}: it never joined "
+                    f"collective {stuck} that the other ranks timed out in"
+                )
+            else:
+                why = (
+                    f"{counter.replace('_', ' ')} seq {value} on process group {pg} while other "
+                    f"ranks reached {top}"
+                )
+            suspects.append(Suspect("rank", str(rank), why))
+            if host:
+                suspects.append(Suspect("host", host, f"runs lagging rank {rank}"))
+            evidence.extend(_evidence(e, "lagging_rank") for e in progress.evidence[:3])
+        notes.append(f"rank {_ranks(lagging)} lagged on process group {pg} ({counter} behind)")
+    silent = facts.silent_ranks()
+    if silent and not suspects:
+        uploaded = set(facts.context.ranks_uploaded)
+        for rank in sorted(silent)[:64]:
+            why = (
+                "its log shows no timeout: it was not waiting in the collective"
+                if rank in uploaded
+                else "never reported the collective the other ranks timed out in"
+            )
+            suspects.append(Suspect("rank", str(rank), why))
+            host = facts.context.rank_hosts.get(rank)
+            if host:
+                suspects.append(Suspect("host", host, f"runs silent rank {rank}"))
+        notes.append(f"rank {_ranks(silent)} never reported the timed-out collective")
+    return suspects, evidence, "; ".join(notes)
+
+
+def _describe_timeouts(facts: Facts) -> str:
+    if not facts.timeouts:
+        return "no collective timeout in the artifacts"
+    first = facts.timeouts[0]
+    ops = sorted({t.op for t in facts.timeouts if t.op})
+    seqs = sorted({t.seq for t in facts.timeouts if t.seq is not None})
+    seq_text = (
+        f" SeqNum {seqs[0]}"
+        if len(seqs) == 1
+        else (f" SeqNum {seqs[0]}–{seqs[-1]}" if seqs else "")
+    )
+    ranks = facts.timed_out_ranks
+    who = f" on rank {_ranks(ranks)}" if ranks else ""
+    limit = f" after {first.timeout_ms // 1000} s" if first.timeout_ms else ""
+    return f"{'/'.join(ops) or 'collective'}{seq_text} timed out{limit}{who}"
+
+
+def classify(events: Iterable[Event], context: IncidentContext | None = None) -> Verdict:
+    facts = gather(events, context or IncidentContext())
+    matches: list[Match] = []
+    for rule in RULES:
+        match = rule.evaluate(facts)
+        if match is not None:
+            matches.append(match)
+    suspects, evidence, progress_note = progress_suspects(facts)
+    for timeout in facts.timeouts[:8]:
+        evidence.append(_evidence(timeout, "watchdog_timeout"))
+    named = sorted((m for m in matches if m.rule.culprit != "unknown"), key=lambda m: -m.confidence)
+    summary = _describe_timeouts(facts)
+    if progress_note:
+        summary += f"; {progress_note}"
+    if named:
+        best = named[0]
+        culprit, confidence, fix = best.rule.culprit, best.confidence, best.rule.fix
+        summary = f"{best.summary}. {summary}" if best.summary else summary
+        evidence = list(best.evidence) + evidence
+        suspects = list(best.suspects) + suspects
+    else:
+        culprit, confidence = "unknown", 0.0
+        fix = (
+            "Not enough evidence to name a cause. Upload every rank's log, the NCCL_DEBUG=INFO "
+            "output and Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
+            "TORCH_NCCL_DUMP_ON_TIMEOUT=1)"
+            + ("; start with the suspect ranks named above." if suspects else ".")
+        )
+    alternatives = tuple(
+        Alternative(m.rule.culprit, m.confidence) for m in named[1:] if m.rule.culprit != culprit
+    )
+    seen: set[tuple[str, int, str]] = set()
+    unique_evidence = []
+    for item in evidence:
+        key = (item.file, item.line, item.signal)
+        if key not in seen:
+            seen.add(key)
+            unique_evidence.append(item)
+    unique_suspects = list(dict.fromkeys(suspects))
+    return Verdict(
+        culprit=culprit,
+        confidence=round(confidence, 2),
+        summary=summary,
+        fix=fix,
+        failed=facts.failed or any(m.rule.marks_failure for m in matches),
+        suspects=tuple(unique_suspects[:64]),
+        evidence=tuple(unique_evidence[:MAX_EVIDENCE]),
+        alternatives=alternatives,
+        rule_ids=tuple(m.rule.id for m in matches),
+        ruleset_version=RULESET_VERSION,
+    )
+
+
+__all__ = ["DEFAULT_PG", "classify"]

@@ -1,0 +1,151 @@
+"""Facts: what all ranks' events say together, computed once and read by every rule.
+
+The key fact is each rank's progress in each process group. Within one group a collective
+completes on every member or on none, so a rank whose *last enqueued* seq is behind the others
+never reached the collective they are waiting in: it is the lagging rank, and the ranks that
+report the timeout are usually innocent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ingest.parsers.events import DumpSignal, Event, WatchdogTimeout, WorkProgress
+
+from .model import IncidentContext
+
+DEFAULT_PG = "0"
+
+
+def _pg_key(pg: str | None) -> str:
+    return DEFAULT_PG if pg in (None, "", "0", "default_pg") else pg
+
+
+@dataclass
+class RankProgress:
+    rank: int
+    last_enqueued: int | None = None
+    last_completed: int | None = None
+    timed_out_seq: int | None = None
+    evidence: list[Event] = field(default_factory=list)
+
+    def note(self, enqueued: int | None, completed: int | None, event: Event) -> None:
+        if enqueued is not None:
+            self.last_enqueued = max(self.last_enqueued or enqueued, enqueued)
+        if completed is not None:
+            self.last_completed = max(self.last_completed or completed, completed)
+        self.evidence.append(event)
+
+
+@dataclass
+class GroupProgress:
+    pg: str
+    ranks: dict[int, RankProgress] = field(default_factory=dict)
+
+    def rank(self, rank: int) -> RankProgress:
+        if rank not in self.ranks:
+            self.ranks[rank] = RankProgress(rank)
+        return self.ranks[rank]
+
+    def lagging(self) -> tuple[list[int], str]:
+        """Ranks behind the others, and which counter shows it.
+
+        The collective the group is stuck in is the lowest seq any rank timed out on; a rank
+        whose last enqueued seq is below it never joined that collective. Ranks that enqueued
+        further (async work queued behind the stuck one) are not ahead of anyone that matters.
+        """
+        enq = {r: p.last_enqueued for r, p in self.ranks.items() if p.last_enqueued is not None}
+        stuck = [p.timed_out_seq for p in self.ranks.values() if p.timed_out_seq is not None]
+        if stuck and enq:
+            laggers = sorted(r for r, v in enq.items() if v < min(stuck))
+            if laggers:
+                return laggers, "last_enqueued"
+        elif len(enq) >= 2 and len(set(enq.values())) > 1:
+            top = max(enq.values())
+            return sorted(r for r, v in enq.items() if v < top), "last_enqueued"
+        done = {r: p.last_completed for r, p in self.ranks.items() if p.last_completed is not None}
+        if len(done) >= 2 and len(set(done.values())) > 1:
+            top = max(done.values())
+            return sorted(r for r, v in done.items() if v < top), "last_completed"
+        return [], ""
+
+    def stuck_seq(self) -> int | None:
+        stuck = [p.timed_out_seq for p in self.ranks.values() if p.timed_out_seq is not None]
+        return min(stuck) if stuck else None
+
+
+@dataclass
+class Facts:
+    events: list[Event]
+    context: IncidentContext
+    timeouts: list[WatchdogTimeout] = field(default_factory=list)
+    groups: dict[str, GroupProgress] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.timeouts)
+
+    @property
+    def timed_out_ranks(self) -> set[int]:
+        ranks = {t.rank for t in self.timeouts if t.rank is not None}
+        ranks |= {
+            e.rank
+            for e in self.events
+            if isinstance(e, WorkProgress) and e.failed_seq is not None and e.rank is not None
+        }
+        return ranks
+
+    def expected_ranks(self) -> set[int]:
+        """Ranks that should have reported: the job's world if known, else those we have logs
+        of, else 0..highest rank seen (only when at least two ranks reported)."""
+        if self.context.world_size:
+            return set(range(self.context.world_size))
+        seen = {e.rank for e in self.events if e.rank is not None}
+        known = set(self.context.ranks_uploaded) | set(self.context.rank_hosts)
+        if known:
+            return known | seen
+        if len(seen) >= 2:
+            return set(range(max(seen) + 1))
+        return seen
+
+    def silent_ranks(self) -> set[int]:
+        """Expected ranks that never reported a timeout nor progress on the default group
+        while others timed out on it."""
+        if not self.timeouts or len(self.groups) != 1:
+            # With several groups in play we cannot tell which ranks belong to which.
+            return set()
+        (group,) = self.groups.values()
+        if group.pg != DEFAULT_PG:
+            return set()
+        return self.expected_ranks() - set(group.ranks)
+
+
+def gather(events: Iterable[Event], context: IncidentContext) -> Facts:
+    facts = Facts(events=list(events), context=context)
+    # PyTorch 2.4 prints the timeout with a bare "[Rank 0]" and the progress line that follows
+    # with "[PG 37 Rank 0]": the progress line tells which group the timed-out work was on.
+    pg_of_failure = {
+        (e.rank, e.failed_seq): e.pg
+        for e in facts.events
+        if isinstance(e, WorkProgress) and e.pg is not None and e.failed_seq is not None
+    }
+    for event in facts.events:
+        if isinstance(event, WatchdogTimeout):
+            facts.timeouts.append(event)
+            if event.rank is None:
+                continue
+            pg = event.pg if event.pg is not None else pg_of_failure.get((event.rank, event.seq))
+            group = facts.groups.setdefault(_pg_key(pg), GroupProgress(_pg_key(pg)))
+            progress = group.rank(event.rank)
+            progress.timed_out_seq = event.seq
+            # Timing out at seq N means N was enqueued; completion is only known from the
+            # progress line, which usually follows.
+            progress.note(event.seq, None, event)
+        elif isinstance(event, WorkProgress | DumpSignal) and event.rank is not None:
+            group = facts.groups.setdefault(_pg_key(event.pg), GroupProgress(_pg_key(event.pg)))
+            progress = group.rank(event.rank)
+            progress.note(event.last_enqueued, event.last_completed, event)
+            if isinstance(event, WorkProgress) and event.failed_seq is not None:
+                progress.timed_out_seq = event.failed_seq
+    return facts

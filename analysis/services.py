@@ -1,0 +1,97 @@
+"""Writes for incidents: classify an attempt with the pure core and store the verdict."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from analysis.classify import IncidentContext, Verdict, classify
+from analysis.models import Incident
+from fleet.models import Attempt
+from ingest.models import Event, Upload
+from ingest.parsers.events import event_from_row
+
+# Events read per incident at most: a pathological log cannot make classification unbounded.
+MAX_EVENTS_PER_ATTEMPT = 200_000
+
+
+def attempt_events(attempt: Attempt):
+    rows = (
+        Event.objects.filter(attempt=attempt)
+        .select_related("upload")
+        .only("kind", "line", "text", "rank", "attrs", "upload__filename", "upload__id")
+        .order_by("upload_id", "line")[:MAX_EVENTS_PER_ATTEMPT]
+    )
+    for row in rows.iterator(chunk_size=2000):
+        event = event_from_row(
+            row.kind,
+            line=row.line,
+            text=row.text,
+            rank=row.rank,
+            source=row.upload.filename or f"upload-{row.upload.id}",
+            attrs=row.attrs,
+        )
+        if event is not None:
+            yield event
+
+
+def attempt_context(attempt: Attempt) -> IncidentContext:
+    rank_hosts = {p.rank: p.host.hostname for p in attempt.placements.select_related("host").all()}
+    uploaded = frozenset(
+        r for r in attempt.uploads.exclude(rank=None).values_list("rank", flat=True)
+    )
+    return IncidentContext(rank_hosts=rank_hosts, ranks_uploaded=uploaded)
+
+
+def attempt_settled(attempt: Attempt, now) -> bool:
+    """All uploads parsed and none newer than the settle window."""
+    if attempt.uploads.filter(status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING]).exists():
+        return False
+    window = timedelta(seconds=settings.FLEETWATCH_SETTLE_SECONDS)
+    return attempt.last_parsed_at is None or attempt.last_parsed_at + window <= now
+
+
+def attempt_claim_for_classify(attempt_id: int, now) -> bool:
+    """Conditional update: only one worker classifies a given state of the attempt."""
+    return bool(
+        Attempt.objects.filter(pk=attempt_id)
+        .filter(Q(classified_at__isnull=True) | Q(classified_at__lt=F("last_parsed_at")))
+        .update(classified_at=now)
+    )
+
+
+def incident_classify(attempt: Attempt, now=None) -> Incident | None:
+    """Run the diagnosis core on everything the attempt's uploads said; store the verdict.
+
+    Returns the incident, or None when the artifacts show no failure."""
+    now = now or timezone.now()
+    verdict: Verdict = classify(attempt_events(attempt), attempt_context(attempt))
+    if not verdict.failed:
+        return Incident.objects.filter(attempt=attempt).first()
+    fields = {
+        "job_id": attempt.job_id,
+        "culprit": verdict.culprit,
+        "confidence": verdict.confidence,
+        "summary": verdict.summary,
+        "fix": verdict.fix,
+        "evidence": [vars_(e) for e in verdict.evidence],
+        "suspects": [vars_(s) for s in verdict.suspects],
+        "alternatives": [vars_(a) for a in verdict.alternatives],
+        "rule_ids": list(verdict.rule_ids),
+        "ruleset_version": verdict.ruleset_version,
+        "classified_at": now,
+    }
+    with transaction.atomic():
+        incident, _ = Incident.objects.update_or_create(
+            attempt=attempt, defaults=fields, create_defaults={**fields, "opened_at": now}
+        )
+        Attempt.objects.filter(pk=attempt.pk).update(status=Attempt.Status.FAILED)
+    return incident
+
+
+def vars_(item) -> dict:
+    return {name: getattr(item, name) for name in item.__slots__}

@@ -1,0 +1,24 @@
+"""Celery tasks for analysis: thin, idempotent, taking ids."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db import OperationalError
+from django.utils import timezone
+
+from analysis import services
+from fleet.models import Attempt
+
+
+@shared_task(autoretry_for=(OperationalError,), retry_backoff=True, max_retries=8)
+def attempt_classify(attempt_id: int) -> None:
+    attempt = Attempt.objects.filter(pk=attempt_id).first()
+    if attempt is None:
+        return
+    now = timezone.now()
+    if not services.attempt_settled(attempt, now):
+        # A later upload's own task (enqueued after it parsed) will classify the attempt.
+        return
+    if not services.attempt_claim_for_classify(attempt_id, now):
+        return
+    services.incident_classify(attempt, now)

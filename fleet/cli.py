@@ -1,0 +1,105 @@
+"""The ``fleetwatch`` command. ``fleetwatch diagnose`` runs the pure core on files: no server,
+no database, no Django."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+EXIT_UNREADABLE = 2
+
+
+def iter_files(paths: list[str]) -> Iterator[Path]:
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*") if p.is_file())
+        elif path.is_file():
+            yield path
+        else:
+            raise FileNotFoundError(f"{raw}: no such file or directory")
+
+
+def diagnose(paths: list[str]):
+    from analysis.classify import classify
+    from ingest.parsers import parse_log
+
+    events = []
+    read = 0
+    for path in iter_files(paths):
+        with path.open("rb") as stream:
+            result = parse_log(stream, source=str(path))
+        events.extend(result.events)
+        read += 1
+    if read == 0:
+        raise FileNotFoundError("no files found under " + " ".join(paths))
+    return classify(events)
+
+
+def render_text(verdict) -> str:
+    lines = [
+        f"Culprit:    {verdict.culprit} (confidence {verdict.confidence:.2f})",
+        f"Summary:    {verdict.summary}",
+        f"Fix:        {verdict.fix}",
+    ]
+    if verdict.suspects:
+        lines.append("Suspects:")
+        lines += [f"  {s.kind} {s.id}: {s.why}" for s in verdict.suspects]
+    if verdict.alternatives:
+        lines.append(
+            "Also possible: "
+            + ", ".join(f"{a.culprit} ({a.confidence:.2f})" for a in verdict.alternatives)
+        )
+    if verdict.evidence:
+        lines.append("Evidence:")
+        lines += [f"  {e.file}:{e.line} [{e.signal}] {e.text[:200]}" for e in verdict.evidence]
+    lines.append(f"Ruleset {verdict.ruleset_version}")
+    return "\n".join(lines)
+
+
+def to_json(verdict) -> dict:
+    out = verdict.to_dict()
+    return {
+        key: out[key]
+        for key in (
+            "culprit",
+            "confidence",
+            "summary",
+            "fix",
+            "suspects",
+            "evidence",
+            "alternatives",
+            "ruleset_version",
+        )
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fleetwatch", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    diag = sub.add_parser(
+        "diagnose", help="name the culprit of one incident from the files it left behind"
+    )
+    diag.add_argument("paths", nargs="+", help="log files or directories (.gz read as well)")
+    diag.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    if args.command == "diagnose":
+        try:
+            verdict = diagnose(args.paths)
+        except OSError as exc:
+            print(f"fleetwatch diagnose: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        if args.json:
+            print(json.dumps(to_json(verdict), indent=2))
+        else:
+            print(render_text(verdict))
+        return 0
+    return 1  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Load a small demo fleet through the real upload API, and make a login to look at it."""
+
+from __future__ import annotations
+
+import gzip
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management.base import BaseCommand, CommandError
+from django.test import Client
+
+from fleet.demo import demo_scenarios, healthy_log, rank_log
+from ingest.models import AgentKey, Scope
+
+
+class Command(BaseCommand):
+    help = "Send real-shaped artifacts of a few jobs through POST /api/v1/uploads."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--user", default="admin", help="login to create or reset")
+
+    def handle(self, *args, user: str, **options):
+        _, key = AgentKey.objects.create_key(name="demo agent", scopes=[Scope.UPLOAD])
+        # The same URL, authentication, validation and service path an agent's request takes.
+        client = Client(HTTP_HOST="127.0.0.1")
+        sent = 0
+        for scenario, failed in demo_scenarios():
+            for rank in range(scenario.world):
+                body = (rank_log if failed else healthy_log)(scenario, rank).encode()
+                name = f"{scenario.job}-rank{rank}.log"
+                if rank % 2:
+                    body, name = gzip.compress(body), name + ".gz"
+                response = client.post(
+                    "/api/v1/uploads",
+                    {
+                        "file": SimpleUploadedFile(name, body),
+                        "host": scenario.host_of(rank),
+                        "job": scenario.job,
+                        "attempt": scenario.attempt,
+                        "rank": rank,
+                    },
+                    HTTP_AUTHORIZATION=f"Bearer {key}",
+                )
+                if response.status_code != 202:
+                    raise CommandError(
+                        f"demo upload refused: {response.status_code} {response.content!r}"
+                    )
+                sent += 1
+        AgentKey.objects.filter(name="demo agent").update(revoked=True)
+        password = secrets.token_urlsafe(9)
+        account, _ = get_user_model().objects.get_or_create(username=user)
+        account.is_staff = account.is_superuser = True
+        account.set_password(password)
+        account.save()
+        self.stdout.write(f"Demo fleet: {sent} artifacts uploaded.")
+        self.stdout.write(f"Log in at http://127.0.0.1:8000/ as {user} / {password}")

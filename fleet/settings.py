@@ -1,0 +1,220 @@
+"""Fleetwatch settings: one module, everything from the environment.
+
+Nothing set gives the embedded default — SQLite in ``var/``, Celery tasks run eagerly in the web
+process, artifacts on local disk — so a fresh checkout runs with no services. Production sets
+``DATABASE_URL`` (PostgreSQL through psycopg 3), ``CELERY_BROKER_URL`` (Redis) and a real
+``SECRET_KEY``. See README.md for the full list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from fleet.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("FLEETWATCH_DATA_DIR") or BASE_DIR / "var")
+
+DEV_SECRET_KEY = "fleetwatch-development-secret-not-for-production"
+DEBUG = env_bool("DEBUG", True)
+SECRET_KEY = env_str("SECRET_KEY", DEV_SECRET_KEY)
+if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
+    raise ImproperlyConfigured(
+        "DEBUG is false but SECRET_KEY is the development secret: set SECRET_KEY to a long random "
+        "value (python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+    )
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework_api_key",
+    "django_filters",
+    "drf_spectacular",
+    "fleet",
+    "ingest",
+    "analysis",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "fleet.urls"
+WSGI_APPLICATION = "fleet.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database --------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    if not DATABASE_URL.startswith(("postgres://", "postgresql://", "sqlite:")):
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must be postgres://… or sqlite:…, got {DATABASE_URL.split(':')[0]}:…"
+        )
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0)
+        )
+    }
+else:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "fleetwatch.sqlite3",
+            # The web process and eager tasks share one file: wait for a lock, don't fail.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Cache (rate limits, debounce); Redis when configured ------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- Auth ------------------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "incident-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+# --- Static files and artifact storage -------------------------------------------------------
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+# WhiteNoise serves collected files in production; the folder must exist even before that.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+MEDIA_ROOT = DATA_DIR / "artifacts"
+
+S3_BUCKET = env_str("FLEETWATCH_S3_BUCKET")
+if S3_BUCKET:
+    # Any S3-compatible store (AWS, MinIO, Ceph): credentials come from the usual AWS_* variables.
+    ARTIFACT_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": S3_BUCKET,
+            "endpoint_url": env_str("FLEETWATCH_S3_ENDPOINT_URL") or None,
+            "region_name": env_str("FLEETWATCH_S3_REGION") or None,
+            "location": env_str("FLEETWATCH_S3_PREFIX", "artifacts"),
+            "file_overwrite": False,
+            "default_acl": None,
+        },
+    }
+else:
+    ARTIFACT_STORAGE = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": MEDIA_ROOT},
+    }
+STORAGES = {
+    "default": ARTIFACT_STORAGE,
+    "artifacts": ARTIFACT_STORAGE,
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+# --- Uploads ---------------------------------------------------------------------------------
+# Largest artifact accepted, compressed size; gzip is also bounded after decompression.
+FLEETWATCH_MAX_UPLOAD_BYTES = env_int("FLEETWATCH_MAX_UPLOAD_BYTES", 256 * 1024 * 1024, minimum=1)
+FLEETWATCH_MAX_INFLATED_BYTES = env_int(
+    "FLEETWATCH_MAX_INFLATED_BYTES", 4 * 1024 * 1024 * 1024, minimum=1
+)
+# Django keeps small uploads in memory and spools larger ones to a temporary file.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_TEMP_DIR = env_str("FLEETWATCH_UPLOAD_TMP") or None
+
+# --- Celery ----------------------------------------------------------------------------------
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
+CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
+CELERY_TASK_EAGER_PROPAGATES = env_bool("CELERY_TASK_EAGER_PROPAGATES", False)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True  # a worker killed mid-task leaves the message for another
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "fleetwatch"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+
+# Seconds to wait after the last upload of an attempt before classifying it, so that the logs of
+# every rank join one incident. Eager mode has no delayed tasks: classify at once.
+FLEETWATCH_SETTLE_SECONDS = env_float(
+    "FLEETWATCH_SETTLE_SECONDS", 0.0 if CELERY_TASK_ALWAYS_EAGER else 10.0, minimum=0.0
+)
+
+# --- REST framework --------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "ingest.auth.AgentKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["ingest.auth.CanRead"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "fleet.api.Pagination",
+    "PAGE_SIZE": env_int("FLEETWATCH_PAGE_SIZE", 50, minimum=1),
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "fleet.api.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Fleetwatch API",
+    "DESCRIPTION": "Uploads from GPU hosts, incidents with their culprit, fleet inventory.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # Eager mode would log every task run at INFO; keep the console for what matters.
+    "loggers": {"celery.app.trace": {"level": "WARNING"}},
+}
+
+# Behind a TLS-terminating proxy in production.
+if not DEBUG:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)

@@ -1,0 +1,25 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from analysis.api.views import IncidentViewSet
+from fleet.api.views import HostViewSet, JobViewSet
+from ingest.api.views import UploadViewSet
+
+router = DefaultRouter(trailing_slash=False)
+router.register("incidents", IncidentViewSet)
+router.register("hosts", HostViewSet)
+router.register("jobs", JobViewSet)
+router.register("uploads", UploadViewSet)
+
+api_v1 = [path("", include(router.urls))]
+
+urlpatterns = [
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("", include("fleet.ui_urls")),
+]

@@ -1,0 +1,76 @@
+from django.conf import settings
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.parsers import MultiPartParser
+from rest_framework.response import Response
+
+from ingest.api.serializers import (
+    UploadAcceptedSerializer,
+    UploadCreateSerializer,
+    UploadSerializer,
+)
+from ingest.auth import CanRead, CanUpload
+from ingest.models import Upload
+from ingest.services import UploadRejected, upload_receive
+
+# Room for the multipart envelope and form fields around the file itself.
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+class UploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Uploaded artifacts: agents POST them (``upload`` scope); readers list them."""
+
+    queryset = Upload.objects.select_related("host", "job", "attempt")
+    serializer_class = UploadSerializer
+    filterset_fields = ["status", "kind"]
+    parser_classes = [MultiPartParser]
+
+    def get_permissions(self):
+        return [CanUpload()] if self.action == "create" else [CanRead()]
+
+    @extend_schema(
+        request={"multipart/form-data": UploadCreateSerializer},
+        responses={
+            202: UploadAcceptedSerializer,
+            400: OpenApiResponse(description="invalid fields or unreadable file"),
+            401: OpenApiResponse(description="no key or an unknown key"),
+            403: OpenApiResponse(description="the key lacks the upload scope"),
+            413: OpenApiResponse(description="file larger than the limit"),
+        },
+    )
+    def create(self, request):
+        """Accept one artifact. Idempotent: the same bytes for the same host and job answer
+        with the id of the first upload."""
+        length = request.META.get("CONTENT_LENGTH") or "0"
+        if length.isdigit() and int(length) > settings.FLEETWATCH_MAX_UPLOAD_BYTES + (
+            MULTIPART_OVERHEAD
+        ):
+            # Refuse before reading a byte of the body.
+            return Response(
+                {
+                    "detail": f"request body of {length} bytes is larger than the "
+                    f"{settings.FLEETWATCH_MAX_UPLOAD_BYTES} byte limit"
+                },
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            )
+        form = UploadCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        fields = form.validated_data
+        try:
+            received = upload_receive(
+                fileobj=fields["file"],
+                filename=fields["file"].name or "",
+                hostname=fields["host"],
+                job_id=fields["job"],
+                attempt_number=fields.get("attempt") or 0,
+                rank=fields.get("rank"),
+                kind=fields.get("kind") or "",
+                key=request.auth,
+            )
+        except UploadRejected as exc:
+            return Response({"detail": str(exc)}, status=exc.status)
+        upload = received.upload
+        return Response(
+            {"id": upload.pk, "status": upload.status, "duplicate": not received.created},
+            status=status.HTTP_202_ACCEPTED,
+        )

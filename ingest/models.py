@@ -1,0 +1,102 @@
+"""Agent keys, uploaded artifacts and the events parsed from them."""
+
+from __future__ import annotations
+
+from django.core.files.storage import storages
+from django.db import models
+from django.utils import timezone
+from rest_framework_api_key.models import AbstractAPIKey
+
+from fleet.models import Attempt, Host, Job
+
+
+class Scope(models.TextChoices):
+    UPLOAD = "upload", "upload artifacts (agents)"
+    READ = "read", "read incidents, hosts and jobs (schedulers, dashboards)"
+    OPERATE = "operate", "drain and repair hosts (operators)"
+
+
+class AgentKey(AbstractAPIKey):
+    """An API key. Only its hash is stored (djangorestframework-api-key); revocation is final."""
+
+    scopes = models.JSONField(default=list)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta(AbstractAPIKey.Meta):
+        verbose_name = "agent key"
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes
+
+
+def artifact_storage():
+    """The configured artifact store (local disk by default, S3-compatible in production)."""
+    return storages["artifacts"]
+
+
+class Upload(models.Model):
+    class Kind(models.TextChoices):
+        LOG = "log", "text log"
+        FR_DUMP = "fr_dump", "Flight Recorder dump"
+        TRACE = "trace", "profiler trace"
+        HW_STATS = "hw_stats", "hardware stats"
+        UNKNOWN = "unknown", "unknown"
+
+    class Status(models.TextChoices):
+        RECEIVED = "received"
+        PARSING = "parsing"
+        PARSED = "parsed"
+        FAILED = "failed"
+
+    sha256 = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.LOG)
+    size = models.BigIntegerField()
+    compressed = models.BooleanField(default=False)
+    filename = models.CharField(max_length=255, blank=True)
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="uploads")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="uploads")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="uploads")
+    rank = models.PositiveIntegerField(null=True, blank=True)
+    # The blob lives in the artifact storage backend; the row keeps only its name.
+    blob = models.FileField(upload_to="uploads/", max_length=255, storage=artifact_storage)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RECEIVED)
+    error = models.TextField(blank=True)
+    key = models.ForeignKey(AgentKey, on_delete=models.SET_NULL, null=True, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+    parsed_at = models.DateTimeField(null=True, blank=True)
+    line_count = models.BigIntegerField(null=True, blank=True)
+    event_count = models.PositiveIntegerField(default=0)
+    ranks = models.JSONField(default=list)  # every rank the parsed content named
+
+    class Meta:
+        ordering = ["-received_at"]
+        constraints = [
+            # The natural key that makes a retried upload a no-op.
+            models.UniqueConstraint(fields=["sha256", "host", "job"], name="upload_unique_content")
+        ]
+        indexes = [
+            models.Index(fields=["status", "received_at"]),
+            models.Index(fields=["attempt", "status"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.sha256[:12]} from {self.host_id}"
+
+
+class Event(models.Model):
+    """One typed event from ``ingest.parsers``; ``attrs`` holds the kind-specific fields."""
+
+    upload = models.ForeignKey(Upload, on_delete=models.CASCADE, related_name="events")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=40)
+    rank = models.IntegerField(null=True, blank=True)
+    line = models.PositiveIntegerField()
+    text = models.TextField()
+    attrs = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["upload", "line"]
+        indexes = [models.Index(fields=["attempt", "kind"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} at line {self.line}"

@@ -1,0 +1,95 @@
+"""The classify task: waits for an attempt's uploads to settle, claims, is safe to run twice."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from analysis import services
+from analysis.models import Incident
+from analysis.tasks import attempt_classify
+from fleet.demo import JobScenario, rank_log
+from fleet.models import Attempt
+from ingest.models import Upload
+from ingest.tasks import upload_parse
+
+pytestmark = pytest.mark.django_db
+
+JOB = JobScenario("job-s", ["gpu-001"], world=3, lagging=2, seq=40)
+
+
+def test_an_attempt_is_not_classified_while_an_upload_is_still_unparsed(upload):
+    upload(rank_log(JOB, 0), job="job-s", rank=0)
+    attempt = Attempt.objects.get()
+    Upload.objects.update(status=Upload.Status.RECEIVED)
+    Incident.objects.all().delete()
+    attempt_classify(attempt.pk)
+    assert not Incident.objects.exists()
+
+
+def test_an_attempt_is_not_classified_inside_the_settle_window(upload, settings):
+    upload(rank_log(JOB, 0), job="job-s", rank=0)
+    Incident.objects.all().delete()
+    settings.FLEETWATCH_SETTLE_SECONDS = 60
+    attempt = Attempt.objects.get()
+    Attempt.objects.update(last_parsed_at=timezone.now(), classified_at=None)
+    attempt_classify(attempt.pk)
+    assert not Incident.objects.exists()
+    Attempt.objects.update(last_parsed_at=timezone.now() - timedelta(seconds=61))
+    attempt_classify(attempt.pk)
+    assert Incident.objects.count() == 1
+
+
+def test_every_ranks_upload_joins_one_incident(upload):
+    for rank in range(3):
+        upload(rank_log(JOB, rank), job="job-s", rank=rank)
+    incident = Incident.objects.get()
+    assert "rank 2 lagged" in incident.summary
+    assert Attempt.objects.get().status == "failed"
+
+
+def test_classifying_an_already_classified_attempt_is_a_no_op(upload, django_assert_num_queries):
+    upload(rank_log(JOB, 0), job="job-s", rank=0)
+    attempt = Attempt.objects.get()
+    before = Incident.objects.get().classified_at
+    attempt_classify(attempt.pk)  # nothing new parsed since: the claim fails
+    assert Incident.objects.get().classified_at == before
+
+
+def test_the_claim_lets_only_one_worker_through():
+    from fleet.models import Job
+
+    attempt = Attempt.objects.create(
+        job=Job.objects.create(external_id="j"), last_parsed_at=timezone.now()
+    )
+    now = timezone.now()
+    assert services.attempt_claim_for_classify(attempt.pk, now) is True
+    assert services.attempt_claim_for_classify(attempt.pk, now) is False
+
+
+def test_tasks_for_rows_that_are_gone_return_quietly():
+    attempt_classify(987654)
+    upload_parse(987654)
+
+
+def test_parsing_an_upload_twice_does_not_duplicate_its_events(upload):
+    upload_id = upload(rank_log(JOB, 0), job="job-s", rank=0).json()["id"]
+    count = Upload.objects.get(pk=upload_id).events.count()
+    upload_parse(upload_id)  # redelivered: already parsed, the claim fails
+    Upload.objects.filter(pk=upload_id).update(status=Upload.Status.RECEIVED)
+    upload_parse(upload_id)  # parsed again from scratch
+    assert Upload.objects.get(pk=upload_id).events.count() == count
+
+
+def test_a_healthy_attempt_opens_no_incident(upload):
+    upload("step 1 loss 2.1\nstep 2 loss 2.0\nTraining complete.\n", job="fine", rank=0)
+    assert not Incident.objects.exists()
+
+
+def test_a_parse_abandoned_by_a_dead_worker_is_taken_over_later(upload):
+    upload_id = upload(rank_log(JOB, 0), job="job-s", rank=0).json()["id"]
+    Upload.objects.filter(pk=upload_id).update(
+        status=Upload.Status.PARSING, parsed_at=timezone.now() - timedelta(hours=1)
+    )
+    upload_parse(upload_id)
+    assert Upload.objects.get(pk=upload_id).status == "parsed"

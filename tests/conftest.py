@@ -1,0 +1,97 @@
+"""Shared fixtures. Django imports stay inside fixtures so pure tests never touch Django."""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _tasks_run_in_process(request):
+    """Tasks run eagerly (and raise) in tests, on both passes; the Redis-worker tests opt out.
+    Pure tests (no database) are left alone: they must not even import Django."""
+    uses_db = {"db", "transactional_db"} & set(request.fixturenames)
+    if request.node.get_closest_marker("redis") or not uses_db:
+        yield
+        return
+    settings = request.getfixturevalue("settings")
+    from fleet.celery import app
+
+    previous = (app.conf.task_always_eager, app.conf.task_eager_propagates)
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True
+    settings.FLEETWATCH_SETTLE_SECONDS = 0
+    yield
+    app.conf.task_always_eager, app.conf.task_eager_propagates = previous
+
+
+@pytest.fixture
+def make_key(db):
+    from ingest.models import AgentKey
+
+    def make(*scopes: str, name: str = "test key") -> str:
+        _, key = AgentKey.objects.create_key(name=name, scopes=list(scopes))
+        return key
+
+    return make
+
+
+@pytest.fixture
+def api(db):
+    from rest_framework.test import APIClient
+
+    return APIClient()
+
+
+@pytest.fixture
+def upload(api, make_key, django_capture_on_commit_callbacks):
+    """POST an artifact through the real API and run the tasks it enqueues."""
+    default_key = make_key("upload")
+
+    def post(
+        body: bytes | str,
+        *,
+        host="gpu-001",
+        job="job-1",
+        rank=None,
+        attempt=None,
+        name="rank.log",
+        gz=False,
+        key=None,
+        kind=None,
+    ):
+        from django.core.files.uploadedfile import SimpleUploadedFile
+
+        if isinstance(body, str):
+            body = body.encode()
+        if gz:
+            body, name = gzip.compress(body), name + ".gz"
+        form = {"file": SimpleUploadedFile(name, body), "host": host, "job": job}
+        if rank is not None:
+            form["rank"] = rank
+        if attempt is not None:
+            form["attempt"] = attempt
+        if kind is not None:
+            form["kind"] = kind
+        auth = key if key is not None else default_key
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {auth}"} if auth else {}
+        with django_capture_on_commit_callbacks(execute=True):
+            return api.post("/api/v1/uploads", form, format="multipart", **headers)
+
+    return post
+
+
+@pytest.fixture
+def reader(make_key):
+    """A separate client holding a read-scoped key, as a scheduler or dashboard would."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {make_key('read', name='reader')}")
+    return client
+
+
+def services_pass() -> bool:
+    return os.environ.get("CELERY_BROKER_URL", "").startswith("redis://")

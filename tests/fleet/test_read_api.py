@@ -1,0 +1,87 @@
+"""The read API: paginated, filterable, documented, and scoped."""
+
+import pytest
+
+from fleet.demo import JobScenario, rank_log
+
+pytestmark = pytest.mark.django_db
+
+
+def load_job(upload, job: str, host: str = "gpu-001", lagging: int = 1, world: int = 2):
+    scenario = JobScenario(job, [host], world=world, lagging=lagging)
+    for rank in range(world):
+        assert upload(rank_log(scenario, rank), host=host, job=job, rank=rank).status_code == 202
+
+
+def test_incident_list_is_paginated_with_count_next_previous_results(upload, reader):
+    for n in range(3):
+        load_job(upload, f"job-{n}")
+    first = reader.get("/api/v1/incidents", {"page_size": 2}).json()
+    assert set(first) == {"count", "next", "previous", "results"}
+    assert first["count"] == 3 and len(first["results"]) == 2 and first["next"]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected_jobs"),
+    [
+        ({"job": "job-a"}, {"job-a"}),
+        ({"host": "gpu-b"}, {"job-b"}),
+        ({"culprit": "unknown"}, {"job-a", "job-b"}),
+        ({"status": "resolved"}, set()),
+        ({"since": "2000-01-01T00:00:00Z"}, {"job-a", "job-b"}),
+        ({"until": "2000-01-01T00:00:00Z"}, set()),
+    ],
+)
+def test_incident_filters(upload, reader, query, expected_jobs):
+    load_job(upload, "job-a", host="gpu-a")
+    load_job(upload, "job-b", host="gpu-b")
+    results = reader.get("/api/v1/incidents", query).json()["results"]
+    assert {r["job"] for r in results} == expected_jobs
+
+
+def test_incident_detail_has_the_verdict_fields(upload, reader):
+    load_job(upload, "job-a")
+    incident_id = reader.get("/api/v1/incidents").json()["results"][0]["id"]
+    body = reader.get(f"/api/v1/incidents/{incident_id}").json()
+    assert {
+        "id",
+        "job",
+        "culprit",
+        "confidence",
+        "summary",
+        "fix",
+        "evidence",
+        "ruleset_version",
+    } <= body.keys()
+    assert body["evidence"][0]["line"] > 0
+
+
+def test_hosts_and_jobs_are_listed(upload, reader):
+    load_job(upload, "job-a", host="gpu-a")
+    hosts = reader.get("/api/v1/hosts").json()
+    jobs = reader.get("/api/v1/jobs").json()
+    assert [h["hostname"] for h in hosts["results"]] == ["gpu-a"]
+    assert jobs["results"][0]["external_id"] == "job-a"
+    assert reader.get("/api/v1/hosts/gpu-a").json()["hostname"] == "gpu-a"
+
+
+def test_reading_needs_the_read_scope(api, make_key):
+    assert api.get("/api/v1/incidents").status_code == 401
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {make_key('upload')}")
+    assert api.get("/api/v1/incidents").status_code == 403
+
+
+def test_incident_list_query_count_does_not_grow_with_incidents(
+    upload, reader, django_assert_max_num_queries
+):
+    for n in range(6):
+        load_job(upload, f"job-{n}")
+    with django_assert_max_num_queries(6):
+        assert reader.get("/api/v1/incidents").json()["count"] == 6
+
+
+def test_openapi_schema_and_swagger_ui_are_served(client):
+    schema = client.get("/api/schema/")
+    assert schema.status_code == 200
+    assert b"/api/v1/uploads" in schema.content and b"/api/v1/incidents" in schema.content
+    assert client.get("/api/docs/").status_code == 200
