@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,20 +24,38 @@ def iter_files(paths: list[str]) -> Iterator[Path]:
             raise FileNotFoundError(f"{raw}: no such file or directory")
 
 
+# A rank's own log is usually named for it: rank3.log, rank_3.txt, worker-rank-3.out, r3.log.
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|r)[_-]?(\d{1,6})(?:\D|$)", re.IGNORECASE)
+
+
+def rank_of_file(path: Path, events) -> int | None:
+    """The rank a file belongs to: named in the file name, else the one rank all its events
+    name (None for shared files such as a kernel log)."""
+    m = _RANK_IN_NAME.search(path.name)
+    if m:
+        return int(m.group(1))
+    ranks = {e.rank for e in events if e.rank is not None}
+    return ranks.pop() if len(ranks) == 1 else None
+
+
 def diagnose(paths: list[str]):
-    from analysis.classify import classify
+    from analysis.classify import IncidentContext, classify
     from ingest.parsers import parse_log
 
     events = []
+    ranks: set[int] = set()
     read = 0
     for path in iter_files(paths):
         with path.open("rb") as stream:
             result = parse_log(stream, source=str(path))
         events.extend(result.events)
+        rank = rank_of_file(path, result.events)
+        if rank is not None:
+            ranks.add(rank)
         read += 1
     if read == 0:
         raise FileNotFoundError("no files found under " + " ".join(paths))
-    return classify(events)
+    return classify(events, IncidentContext(ranks_uploaded=frozenset(ranks)))
 
 
 def render_text(verdict) -> str:

@@ -12,7 +12,7 @@ from ingest.parsers.events import Event
 
 from .facts import DEFAULT_PG, Facts, gather
 from .model import Alternative, Evidence, IncidentContext, Suspect, Verdict
-from .rules import RULES, RULESET_VERSION, Match
+from .rules import NAME_THRESHOLD, RULES, RULESET_VERSION, Match
 
 MAX_EVIDENCE = 40
 
@@ -79,7 +79,7 @@ def progress_suspects(facts: Facts) -> tuple[list[Suspect], list[Evidence], str]
 
 def _describe_timeouts(facts: Facts) -> str:
     if not facts.timeouts:
-        return "no collective timeout in the artifacts"
+        return ""
     first = facts.timeouts[0]
     ops = sorted({t.op for t in facts.timeouts if t.op})
     seqs = sorted({t.seq for t in facts.timeouts if t.seq is not None})
@@ -104,14 +104,14 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
     suspects, evidence, progress_note = progress_suspects(facts)
     for timeout in facts.timeouts[:8]:
         evidence.append(_evidence(timeout, "watchdog_timeout"))
-    named = sorted((m for m in matches if m.rule.culprit != "unknown"), key=lambda m: -m.confidence)
-    summary = _describe_timeouts(facts)
-    if progress_note:
-        summary += f"; {progress_note}"
+    ranked = sorted(matches, key=lambda m: -m.confidence)
+    # Only a match at or above the threshold may name the culprit; weaker ones are alternatives.
+    named = [m for m in ranked if m.confidence >= NAME_THRESHOLD]
+    summary = "; ".join(p for p in (_describe_timeouts(facts), progress_note) if p)
     if named:
         best = named[0]
         culprit, confidence, fix = best.rule.culprit, best.confidence, best.rule.fix
-        summary = f"{best.summary}. {summary}" if best.summary else summary
+        summary = ". ".join(p for p in (best.summary, summary) if p)
         evidence = list(best.evidence) + evidence
         suspects = list(best.suspects) + suspects
     else:
@@ -123,8 +123,18 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
             + ("; start with the suspect ranks named above." if suspects else ".")
         )
     alternatives = tuple(
-        Alternative(m.rule.culprit, m.confidence) for m in named[1:] if m.rule.culprit != culprit
+        dict.fromkeys(
+            Alternative(m.rule.culprit, round(m.confidence, 2))
+            for m in ranked
+            if m.rule.culprit != culprit
+        )
     )
+    if not named and ranked:
+        # Say what was seen without calling it the cause.
+        weak = "weak signs: " + "; ".join(m.summary for m in ranked if m.summary)
+        summary = ". ".join(p for p in (summary, weak) if p)
+        evidence = [e for m in ranked for e in m.evidence] + evidence
+    summary = summary or "no collective timeout or failure in the artifacts"
     seen: set[tuple[str, int, str]] = set()
     unique_evidence = []
     for item in evidence:
@@ -132,7 +142,11 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
         if key not in seen:
             seen.add(key)
             unique_evidence.append(item)
-    unique_suspects = list(dict.fromkeys(suspects))
+    unique_suspects, seen_ids = [], set()
+    for suspect in suspects:
+        if (suspect.kind, suspect.id) not in seen_ids:
+            seen_ids.add((suspect.kind, suspect.id))
+            unique_suspects.append(suspect)
     return Verdict(
         culprit=culprit,
         confidence=round(confidence, 2),

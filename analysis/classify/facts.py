@@ -8,6 +8,8 @@ report the timeout are usually innocent.
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -95,6 +97,63 @@ class Facts:
             if isinstance(e, WorkProgress) and e.failed_seq is not None and e.rank is not None
         }
         return ranks
+
+    def of(self, kind: str) -> list:
+        if not hasattr(self, "_by_kind"):
+            by_kind: dict[str, list[Event]] = defaultdict(list)
+            for event in self.events:
+                by_kind[event.kind].append(event)
+            self._by_kind = by_kind
+        return self._by_kind.get(kind, [])
+
+    def config_events(self, *keys: str) -> list:
+        return [e for e in self.of("config_value") if e.key in keys]
+
+    def config_number(self, key: str) -> float | None:
+        values = [e.number for e in self.config_events(key) if e.number is not None]
+        return values[-1] if values else None
+
+    def config_version(self, key: str) -> tuple[int, ...] | None:
+        for event in reversed(self.config_events(key)):
+            parts = re.findall(r"\d+", event.value)[:3]
+            if parts:
+                return tuple(int(p) for p in parts)
+        return None
+
+    def timeout_seconds(self) -> float | None:
+        limits = [t.timeout_ms for t in self.timeouts if t.timeout_ms]
+        return max(limits) / 1000 if limits else None
+
+    def hosts(self) -> set[str]:
+        named = {getattr(e, "host", "") for e in self.events}
+        return {h for h in named if h} | set(self.context.rank_hosts.values())
+
+    def multi_node(self) -> bool:
+        if len(self.hosts()) >= 2:
+            return True
+        # More ranks in one communicator than GPUs in any one host (8) means several hosts.
+        return any((e.nranks or 0) > 8 for e in self.of("nccl_init")) or bool(
+            self.context.world_size and self.context.world_size > 8
+        )
+
+    def group_of(self, timeout: WatchdogTimeout) -> str:
+        for pg, group in self.groups.items():
+            progress = group.ranks.get(timeout.rank)
+            if progress is not None and timeout in progress.evidence:
+                return pg
+        return _pg_key(timeout.pg)
+
+    def has_crash_or_hardware(self) -> bool:
+        kinds = (
+            "cuda_oom",
+            "host_oom_kill",
+            "cuda_error",
+            "gpu_xid",
+            "gpu_off_bus",
+            "gpu_unreachable",
+            "nccl_peer_closed",
+        )
+        return any(self.of(k) for k in kinds)
 
     def expected_ranks(self) -> set[int]:
         """Ranks that should have reported: the job's world if known, else those we have logs

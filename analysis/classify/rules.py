@@ -1,30 +1,36 @@
-"""The ruleset: each rule is data plus one predicate over the facts.
+"""The ruleset: each rule is data (id, description, signals, culprit, confidence, fix) plus one
+predicate over the facts.
 
 Bump RULESET_VERSION whenever a rule's meaning changes; incidents store the version that
-classified them, so old verdicts never move silently.
+classified them, so old verdicts never move silently. A rule that matches with a confidence under
+NAME_THRESHOLD is reported as an alternative but does not name the culprit on its own: a wrong
+confident answer is worse than an honest ``unknown``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from ingest.parsers.events import Event
 
 from .facts import Facts
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.0"
+RULESET_VERSION = "2026.11.1"
+NAME_THRESHOLD = 0.5
 
 
 @dataclass(frozen=True)
 class Rule:
     id: str
     description: str
-    needs: tuple[str, ...]  # the signals the rule reads, for documentation and the UI
+    needs: tuple[str, ...]  # the event kinds or facts the rule reads
     culprit: str
     confidence: float
     fix: str
     predicate: Callable[[Facts], Match | None] = field(repr=False, compare=False)
-    marks_failure: bool = False
+    marks_failure: bool = False  # its signal is a failure even without a watchdog timeout
 
     def evaluate(self, facts: Facts) -> Match | None:
         match = self.predicate(facts)
@@ -48,4 +54,430 @@ class Match:
     suspects: tuple[Suspect, ...] = ()
 
 
-RULES: tuple[Rule, ...] = ()
+def cite(events: Iterable[Event], signal: str, most: int = 6) -> tuple[Evidence, ...]:
+    out = []
+    for event in events:
+        out.append(Evidence(event.source, event.line, signal, event.text[:500]))
+        if len(out) >= most:
+            break
+    return tuple(out)
+
+
+def _rank_suspects(events: Iterable[Event], why: str) -> tuple[Suspect, ...]:
+    ranks = sorted({e.rank for e in events if e.rank is not None})
+    return tuple(Suspect("rank", str(r), why) for r in ranks[:16])
+
+
+# --- predicates --------------------------------------------------------------------------------
+
+
+def _gpu_hardware(f: Facts) -> Match | None:
+    primary = [e for e in f.of("gpu_xid") if e.primary] + f.of("gpu_off_bus")
+    unreachable = f.of("gpu_unreachable")
+    fatal_aer = [e for e in f.of("pcie_aer") if e.severity.startswith("uncorrected")]
+    corrected_aer = [e for e in f.of("pcie_aer") if e.severity == "corrected"]
+    hw_cuda = [e for e in f.of("cuda_error") if e.hardware]
+    strong = primary + unreachable + fatal_aer + hw_cuda
+    if strong:
+        first = strong[0]
+        what = getattr(first, "meaning", "") or first.text[:120]
+        where = getattr(first, "pci", "") or getattr(first, "device", "")
+        return Match(
+            confidence=0.9 if primary or hw_cuda else 0.8,
+            summary=f"GPU hardware fault{f' at {where}' if where else ''}: {what}",
+            evidence=cite(strong + corrected_aer[:2], "gpu_hardware"),
+            suspects=tuple(
+                Suspect("gpu", e.pci, "hardware fault reported by the driver")
+                for e in strong
+                if getattr(e, "pci", "")
+            )[:4],
+        )
+    if len(corrected_aer) >= 3:
+        # A corrected-error storm on one link is a failing link even before it turns fatal.
+        return Match(
+            confidence=0.55,
+            summary=f"{len(corrected_aer)} PCIe corrected errors on {corrected_aer[0].device}",
+            evidence=cite(corrected_aer, "pcie_aer"),
+        )
+    return None
+
+
+def _crash_first(f: Facts) -> Match | None:
+    oom = f.of("cuda_oom") + [e for e in f.of("host_oom_kill") if e.oom]
+    cuda = [e for e in f.of("cuda_error") if not e.hardware]
+    killed = [e for e in f.of("worker_failed") if e.signal == "SIGKILL"]
+    killed += [e for e in f.of("failure_record") if e.signal == "SIGKILL"]
+    errors = [e for e in f.of("python_exception") if not _is_timeout_exception(e)]
+    closed = f.of("nccl_peer_closed")
+    if oom:
+        return Match(
+            confidence=0.85,
+            summary="out of memory on a rank before the others timed out",
+            evidence=cite(oom + closed, "oom"),
+            suspects=_rank_suspects(oom, "ran out of memory"),
+        )
+    if cuda:
+        return Match(
+            confidence=0.75,
+            summary=f"CUDA error on a rank: {cuda[0].error[:100]}",
+            evidence=cite(cuda, "cuda_error"),
+            suspects=_rank_suspects(cuda, "CUDA error"),
+        )
+    if errors and (f.timeouts or closed):
+        first = errors[0]
+        return Match(
+            confidence=0.65,
+            summary=f"a rank raised {first.exc_type} before the others timed out",
+            evidence=cite(errors + closed, "crash"),
+            suspects=_rank_suspects(errors, f"raised {first.exc_type}"),
+        )
+    if killed:
+        return Match(
+            confidence=0.6,
+            summary="a worker was killed with SIGKILL (often the host OOM killer)",
+            evidence=cite(killed, "sigkill"),
+        )
+    return None
+
+
+def _is_timeout_exception(e) -> bool:
+    text = f"{e.exc_type} {e.message}".lower()
+    return any(
+        word in text
+        for word in (
+            "watchdog",
+            "timed out",
+            "timeout",
+            "distbackenderror",
+            "nccl communicator",
+            "keyboardinterrupt",
+            "childfailederror",
+            "signalexception",
+            "aborted",
+        )
+    )
+
+
+def _network_errors(f: Facts) -> Match | None:
+    ib = [e for e in f.of("nccl_ib_error") if not e.follow_on]
+    calls = f.of("nccl_ib_call_failed")
+    connect = f.of("nccl_connect_failed")
+    if f.of("cuda_oom") or f.of("host_oom_kill"):
+        return None  # network errors after a rank died are its echo
+    strong = ib + calls + connect
+    if not strong:
+        return None
+    link_local = [e for e in connect if e.link_local]
+    summary = (
+        f"NCCL could not reach a peer ({strong[0].text[:120]})"
+        if not link_local
+        else "NCCL tried to connect over an IPv6 link-local address (a tunnel or unroutable "
+        "interface)"
+    )
+    return Match(
+        confidence=0.8,
+        summary=summary,
+        evidence=cite(strong + f.of("nccl_net_devices")[:2], "network_error"),
+        suspects=tuple(
+            Suspect("host", e.host, "reported the network error") for e in strong if e.host
+        )[:4],
+    )
+
+
+def _socket_fallback(f: Facts) -> Match | None:
+    sockets = [e for e in f.of("nccl_network") if e.network.lower() == "socket"]
+    no_ib = f.of("nccl_ib_unavailable")
+    if not (sockets or no_ib) or not f.multi_node():
+        return None
+    return Match(
+        confidence=0.45,
+        summary="NCCL used TCP sockets between nodes (no InfiniBand/RDMA transport)",
+        evidence=cite(sockets + no_ib, "socket_transport"),
+    )
+
+
+def _collective_mismatch(f: Facts) -> Match | None:
+    mismatches = f.of("collective_mismatch")
+    if not mismatches:
+        return None
+    m = mismatches[0]
+    return Match(
+        confidence=0.85,
+        summary=(
+            f"ranks ran different collectives at the same point: rank {m.rank_a} {m.op_a} "
+            f"{m.shape_a} vs rank {m.rank_b} {m.op_b} {m.shape_b}"
+        ),
+        evidence=cite(mismatches, "collective_mismatch"),
+        suspects=(
+            Suspect("rank", str(m.rank_b), f"ran {m.op_b} while rank {m.rank_a} ran {m.op_a}"),
+        ),
+    )
+
+
+def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
+    limit_s = f.timeout_seconds()
+    if not limit_s or not f.timeouts:
+        return None
+    early = all(t.seq is not None and t.seq <= 10 for t in f.timeouts)
+    bars = [b for b in f.of("progress_bar") if b.elapsed_s and b.elapsed_s >= 0.8 * limit_s]
+    if early and bars:
+        return Match(
+            confidence=0.75,
+            summary=(
+                f"'{bars[0].desc or 'a step'}' ran {bars[0].elapsed_s} s before the first "
+                f"collectives, close to the {int(limit_s)} s timeout"
+            ),
+            evidence=cite(bars, "long_preprocessing"),
+        )
+    return None
+
+
+def _rank_left_early(f: Facts) -> Match | None:
+    silent = f.silent_ranks()
+    if not silent or not f.timeouts or f.has_crash_or_hardware():
+        return None
+    uploaded = silent & set(f.context.ranks_uploaded)
+    return Match(
+        confidence=0.7 if uploaded else 0.55,
+        summary=(
+            f"every reporting rank waits in the same collective while rank "
+            f"{', '.join(map(str, sorted(silent)[:8]))} never joined it and shows no error: it "
+            "left the loop early or took another code path"
+        ),
+        # The suspects themselves come from the progress analysis every verdict carries.
+    )
+
+
+def _p2p_schedule_desync(f: Facts) -> Match | None:
+    p2p = [t for t in f.timeouts if t.op in ("SEND", "RECV", "COALESCED")]
+    groups = {f.group_of(t) for t in p2p}
+    seqs = {t.seq for t in p2p if t.seq is not None}
+    if not p2p or len(groups) < 2 or len(seqs) < 2:
+        return None
+    degree = f.config_number("pipeline_parallel")
+    return Match(
+        confidence=0.65 if degree and degree > 1 else 0.55,
+        summary=(
+            f"point-to-point ops ({', '.join(sorted({t.op for t in p2p}))}) timed out on "
+            f"{len(groups)} process groups at different SeqNums ({min(seqs)}–{max(seqs)}): the "
+            "pipeline stages fell out of step"
+        ),
+        evidence=cite(p2p, "p2p_desync"),
+    )
+
+
+def _known_library_bug(f: Facts) -> Match | None:
+    hits = [e for e in f.of("known_signature") if e.culprit == "software_version"]
+    if not hits:
+        return None
+    return Match(
+        confidence=0.7,
+        summary=f"known library bug signature: {hits[0].signature}",
+        evidence=cite(hits, "known_bug"),
+    )
+
+
+def _old_stack(f: Facts) -> Match | None:
+    cuda = f.config_version("cuda_version")
+    nccl = f.config_version("nccl_version")
+    old = []
+    if cuda is not None and cuda < (10,):
+        old.append("CUDA " + ".".join(map(str, cuda[:2])))
+    if nccl is not None and nccl < (2, 7):
+        old.append("NCCL " + ".".join(map(str, nccl)))
+    if not old or not f.timeouts:
+        return None
+    return Match(
+        confidence=0.5,
+        summary=f"an old communication stack ({', '.join(old)}) with known hang fixes since",
+        evidence=cite(f.config_events("cuda_version", "nccl_version"), "old_version"),
+    )
+
+
+def _storage_stall(f: Facts) -> Match | None:
+    stalls = f.of("storage_stall")
+    if not stalls:
+        return None
+    mounts = sorted({s.mount for s in stalls if s.mount})
+    return Match(
+        confidence=0.75 if f.timeouts else 0.55,
+        summary=(
+            "storage stalled on a host while ranks waited"
+            + (f" ({', '.join(mounts[:3])})" if mounts else "")
+        ),
+        evidence=cite(stalls, "storage_stall"),
+        suspects=tuple(Suspect("config", f"mount={m}", "storage that stalled") for m in mounts[:3]),
+    )
+
+
+def _dataloader_oversubscribed(f: Facts) -> Match | None:
+    workers = f.config_number("num_workers")
+    factor = f.config_number("prefetch_factor")  # batches each worker keeps ready (torch)
+    samples = f.config_number("prefetch")  # samples each worker keeps ready (wenet, FunASR)
+    killed_loader = [
+        e for e in f.of("python_exception") if "DataLoader worker" in f"{e.exc_type} {e.message}"
+    ]
+    if killed_loader:
+        return Match(
+            confidence=0.7,
+            summary="DataLoader workers died (killed or exited) before the timeout",
+            evidence=cite(killed_loader, "dataloader_worker"),
+        )
+    if not workers or not f.timeouts:
+        return None
+    # Queued work per GPU process, in samples or batches: far past what keeps a GPU fed, it is
+    # host memory and CPU taken from the training processes.
+    heavy = (factor is not None and workers * factor >= 64) or (
+        samples is not None and workers * samples >= 500
+    )
+    if not heavy:
+        return None
+    depth = f"prefetch_factor {factor:g}" if factor is not None else f"prefetch {samples:g}"
+    return Match(
+        confidence=0.6,
+        summary=(
+            f"each GPU process runs {workers:g} DataLoader workers with {depth}: loading "
+            "oversubscribes host CPU and memory and starves the training processes"
+        ),
+        evidence=cite(
+            f.config_events("num_workers", "prefetch_factor", "prefetch"), "dataloader_config"
+        ),
+    )
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "gpu_hardware_fault",
+        "A GPU reported a primary Xid, fell off the bus, or its PCIe link failed",
+        ("gpu_xid", "gpu_off_bus", "gpu_unreachable", "pcie_aer", "cuda_error"),
+        "bad_node_hardware",
+        0.9,
+        "Drain the host and run GPU diagnostics (`dcgmi diag -r 3`, check `nvidia-smi -q` for "
+        "retired pages/row remaps and the PCIe link); reseat or replace the GPU before returning "
+        "it. Rerun the job on other hosts.",
+        _gpu_hardware,
+        marks_failure=True,
+    ),
+    Rule(
+        "rank_crashed_first",
+        "One rank ran out of memory or crashed; the others then timed out waiting for it",
+        ("cuda_oom", "host_oom_kill", "cuda_error", "python_exception", "worker_failed"),
+        "oom_or_crash",
+        0.85,
+        "Fix the failing rank first: for CUDA OOM lower the per-GPU batch or sequence length, "
+        "cap sample lengths, or enable activation checkpointing; for a host OOM kill lower "
+        "DataLoader num_workers/prefetch_factor. The other ranks' timeouts are a consequence.",
+        _crash_first,
+        marks_failure=True,
+    ),
+    Rule(
+        "collective_mismatch",
+        "TORCH_DISTRIBUTED_DEBUG caught ranks in different collectives at the same seq",
+        ("collective_mismatch",),
+        "rank_desync_code",
+        0.85,
+        "Make every rank issue the same collectives in the same order: move collectives "
+        "(broadcast, barrier, all_reduce of metrics) out of `if rank == 0:` blocks, e.g. "
+        "checkpoint or logging code that broadcasts from rank 0 alone.",
+        _collective_mismatch,
+        marks_failure=True,
+    ),
+    Rule(
+        "network_errors",
+        "NCCL reported IB completion errors, failed verbs calls or failed connections",
+        ("nccl_ib_error", "nccl_ib_call_failed", "nccl_connect_failed"),
+        "network_transport",
+        0.8,
+        "Check the fabric between the named hosts (`ibstat`, `ibv_devinfo`, port error "
+        "counters, `ib_write_bw` between the pair); pin NCCL to the right interfaces with "
+        "NCCL_SOCKET_IFNAME=<routable if> and NCCL_IB_HCA=<hca list>; for retry-exceeded "
+        "errors consider NCCL_IB_TIMEOUT=22.",
+        _network_errors,
+        marks_failure=True,
+    ),
+    Rule(
+        "known_library_bug",
+        "A native stack or message matches a known bug of an NCCL/PyTorch release",
+        ("known_signature",),
+        "software_version",
+        0.7,
+        "Upgrade to a release with the fix (for the NCCL 2.19/2.20 work-FIFO stall: NCCL 2.21 "
+        "or newer); raising NCCL_WORK_FIFO_DEPTH only delays the hang.",
+        _known_library_bug,
+        marks_failure=True,
+    ),
+    Rule(
+        "storage_stall",
+        "The kernel log shows storage that stopped answering (NFS, Lustre, hung tasks in I/O)",
+        ("storage_stall",),
+        "storage_io",
+        0.75,
+        "Write logs and checkpoints to fast local storage (NVMe or tmpfs) and copy them out "
+        "asynchronously; log less often from rank 0; raise the collective timeout only as a "
+        "stopgap (init_process_group(timeout=timedelta(minutes=30))).",
+        _storage_stall,
+        marks_failure=True,
+    ),
+    Rule(
+        "preprocessing_outlasted_timeout",
+        "The first collectives timed out while one rank was still preprocessing",
+        ("progress_bar", "watchdog_timeout"),
+        "timeout_too_short",
+        0.75,
+        "Preprocess ahead of training (tokenize offline, or on rank 0 inside "
+        "`main_process_first()` with a longer window), and raise the timeout for that phase: "
+        "`ddp_timeout` / init_process_group(timeout=timedelta(hours=2)).",
+        _preprocessing_outlasted_timeout,
+    ),
+    Rule(
+        "dataloader_oversubscribed",
+        "DataLoader workers died or their settings oversubscribe host CPU and memory",
+        ("config_value", "python_exception"),
+        "dataloader_cpu",
+        0.6,
+        "Lower DataLoader num_workers (keep num_workers × GPUs per host ≤ CPU cores) and "
+        "prefetch_factor (e.g. num_workers 2, prefetch halved); use persistent_workers=True.",
+        _dataloader_oversubscribed,
+    ),
+    Rule(
+        "p2p_schedule_desync",
+        "Point-to-point ops timed out on several groups at different seqs (pipeline desync)",
+        ("watchdog_timeout",),
+        "parallelism_config",
+        0.55,
+        "Lower the pipeline degree on this hardware (PCIe-only GPUs suffer most) or upgrade the "
+        "framework's pipeline communication; check that every stage runs the same schedule "
+        "(microbatch count, sequence lengths).",
+        _p2p_schedule_desync,
+    ),
+    Rule(
+        "rank_left_early",
+        "All reporting ranks wait in one collective; a rank never joined it and shows no error",
+        ("watchdog_timeout", "work_progress"),
+        "rank_desync_code",
+        0.55,
+        "Give every rank the same number of steps: seed any random dataset split "
+        "(train_test_split(..., seed=42), numpy seed) so ranks agree, shard data evenly or use "
+        "drop_last=True, or wrap uneven inputs in torch.distributed.algorithms.Join.",
+        _rank_left_early,
+    ),
+    Rule(
+        "old_communication_stack",
+        "CUDA or NCCL old enough to have known hang fixes since",
+        ("config_value",),
+        "software_version",
+        0.5,
+        "Upgrade CUDA and NCCL (and the PyTorch build that bundles them).",
+        _old_stack,
+    ),
+    Rule(
+        "socket_transport_multinode",
+        "NCCL fell back to TCP sockets on a multi-node job",
+        ("nccl_network", "nccl_ib_unavailable"),
+        "network_transport",
+        0.45,
+        "Make InfiniBand/RoCE available to the job (libibverbs in the container, the IB devices "
+        "mounted, NCCL_IB_DISABLE unset) or set NCCL_SOCKET_IFNAME to the fastest interface.",
+        _socket_fallback,
+    ),
+)

@@ -143,3 +143,335 @@ class CollectiveMismatch(Event):
 
 for _cls in (DumpSignal, HeartbeatTimeout, CollectiveStack, DesyncReport, CollectiveMismatch):
     register(_cls)
+
+
+# --- NCCL debug output (nccl.py) -------------------------------------------------------------
+# NCCL prints ``host:pid:tid [cudaDev] NCCL INFO …``; ``host`` and ``local_rank`` (the bracketed
+# device index of the printing process) say where a line came from when no ``[rankN]:`` does.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclNetwork(Event):
+    """``NCCL INFO Using network IB`` / ``IBext_v8`` / ``Socket``: the inter-node transport."""
+
+    kind: ClassVar[str] = "nccl_network"
+    host: str = ""
+    local_rank: int | None = None
+    network: str = ""  # as printed: "IB", "IBext", "IBext_v8", "Socket", "AWS Libfabric"…
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclNetDevices(Event):
+    """``NET/IB : Using [0]mlx5_0:1/IB …``, ``NET/Socket : Using [0]eth0:10.0.0.1<0>``,
+    ``Bootstrap : Using eth0:10.0.0.1<0>``: the interfaces NCCL chose."""
+
+    kind: ClassVar[str] = "nccl_net_devices"
+    host: str = ""
+    local_rank: int | None = None
+    transport: str = ""  # "IB", "Socket" or "Bootstrap"
+    devices: tuple[str, ...] = ()  # "mlx5_0:1/IB", "eth0:10.0.0.1"
+    link_local: bool = False  # the first device has an IPv6 link-local (fe80::) address
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclIbUnavailable(Event):
+    """InfiniBand is not used: ``NET/IB : No device found``, ``Failed to open libibverbs``,
+    ``NCCL_IB_DISABLE set by environment to 1``. NCCL then falls back to sockets."""
+
+    kind: ClassVar[str] = "nccl_ib_unavailable"
+    host: str = ""
+    local_rank: int | None = None
+    reason: str = ""  # "no_device", "no_libibverbs", "disabled_by_env"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclChannel(Event):
+    """``Channel 00/0 : 0[0] -> 1[1] via P2P/IPC``. NCCL prints one per channel and peer; the
+    parser keeps the first line of each transport per printing process."""
+
+    kind: ClassVar[str] = "nccl_channel"
+    host: str = ""
+    local_rank: int | None = None
+    transport: str = ""  # "P2P", "SHM", "NET/IB", "NET/Socket", "NET/<plugin>", "CollNet", "NVLS"
+    path: str = ""  # as printed after "via": "P2P/IPC/read", "NET/IB/0/GDRDMA", "SHM/direct/direct"
+    gdr: bool = False  # GPUDirect RDMA in use
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclInit(Event):
+    """``… rank 3 nranks 8 cudaDev 3 busId 47000 … - Init COMPLETE``: rank → GPU placement."""
+
+    kind: ClassVar[str] = "nccl_init"
+    host: str = ""
+    local_rank: int | None = None
+    comm: str = ""  # communicator address, "0x55d0c3a0"
+    comm_id: str = ""  # commId (NCCL >= 2.19), shared by every rank of one communicator
+    comm_rank: int | None = None  # the rank inside this communicator
+    nranks: int | None = None
+    cuda_dev: int | None = None
+    bus_id: str = ""  # as printed: "47000", "0000:47:00.0"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclIbError(Event):
+    """``NET/IB : Got completion from peer … with error 12`` — an InfiniBand work completion
+    failed. ``status`` is the ``ibv_wc_status``; ``follow_on`` marks statuses that only report
+    the queue pair being torn down after an earlier error (5 = flush)."""
+
+    kind: ClassVar[str] = "nccl_ib_error"
+    host: str = ""
+    local_rank: int | None = None
+    status: int | None = None
+    status_name: str = ""  # "IBV_WC_RETRY_EXC_ERR"
+    meaning: str = ""
+    follow_on: bool = False
+    peer: str = ""  # "10.1.1.2<45678>" when printed (NCCL >= 2.12)
+    opcode: int | None = None
+    vendor_err: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclIbCallFailed(Event):
+    """``Call to ibv_modify_qp failed`` and friends: the verbs layer refused an operation."""
+
+    kind: ClassVar[str] = "nccl_ib_call_failed"
+    host: str = ""
+    local_rank: int | None = None
+    call: str = ""  # "ibv_modify_qp"
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclConnectFailed(Event):
+    """``NCCL WARN Connect to 10.0.0.2<43019> failed : Connection timed out``."""
+
+    kind: ClassVar[str] = "nccl_connect_failed"
+    host: str = ""
+    local_rank: int | None = None
+    address: str = ""
+    reason: str = ""  # "Connection timed out", "Connection refused", "No route to host"
+    link_local: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclError(Event):
+    """An NCCL error result, from an NCCL WARN line or from PyTorch's
+    ``NCCL error in: …, unhandled system error, NCCL version 2.14.3``."""
+
+    kind: ClassVar[str] = "nccl_error"
+    host: str = ""
+    local_rank: int | None = None
+    error: str = ""  # canonical: "system", "cuda", "internal", "invalid_usage", "invalid_argument",
+    #                  "remote", "in_progress", "timeout", "aborted"
+    code: int | None = None  # the ncclResult_t value (2 = system error …) when known
+    detail: str = ""  # what the line adds (the failing call, "Last error: …")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclPeerClosed(Event):
+    """``[Service thread] Connection closed by localRank 2``: a process on this host went away
+    (crash, OOM) while its peers were still connected to it."""
+
+    kind: ClassVar[str] = "nccl_peer_closed"
+    host: str = ""
+    local_rank: int | None = None
+    peer_local_rank: int | None = None
+
+
+# --- Kernel and driver (kernel.py) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuXid(Event):
+    """``NVRM: Xid (PCI:0000:3b:00): 79, pid=…, name=python, GPU has fallen off the bus.``
+    ``primary`` is True for codes that are a hardware fault in themselves, False for codes that
+    are usually an application error or the consequence of another fault."""
+
+    kind: ClassVar[str] = "gpu_xid"
+    pci: str = ""  # "0000:3b:00"
+    code: int | None = None
+    pid: int | None = None
+    process: str = ""
+    detail: str = ""
+    meaning: str = ""
+    primary: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuOffBus(Event):
+    """``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` without an Xid."""
+
+    kind: ClassVar[str] = "gpu_off_bus"
+    pci: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PcieAer(Event):
+    """``PCIe Bus Error: severity=Corrected, type=Data Link Layer`` (kernel AER driver)."""
+
+    kind: ClassVar[str] = "pcie_aer"
+    device: str = ""  # the reporting port or device, "0000:00:03.0"
+    severity: str = ""  # "corrected", "uncorrected_nonfatal", "uncorrected_fatal"
+    error_type: str = ""  # "Data Link Layer", "Physical Layer", "Transaction Layer"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuUnreachable(Event):
+    """The driver or nvidia-smi cannot talk to a GPU: ``Unable to determine the device handle for
+    GPU 0000:03:00.0: Unknown Error``, ``GPU is lost``, ``RmInitAdapter failed``."""
+
+    kind: ClassVar[str] = "gpu_unreachable"
+    pci: str = ""
+    reason: str = ""
+
+
+# --- Launcher, crashes and memory (launcher.py) ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerFailed(Event):
+    """A worker process died: torchrun's ``failed (exitcode: -6) local_rank: 0 (pid: 48096) of
+    binary: …``, a shell's ``12345 Killed python train.py`` or srun's ``task 3: Killed``."""
+
+    kind: ClassVar[str] = "worker_failed"
+    local_rank: int | None = None
+    pid: int | None = None
+    exitcode: int | None = None
+    signal: str = ""  # "SIGABRT" when the exit code is a negative signal number
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailureRecord(Event):
+    """One entry of the elastic ``ChildFailedError`` table (``Root Cause (first observed
+    failure)`` or ``Failures:``)."""
+
+    kind: ClassVar[str] = "failure_record"
+    root_cause: bool = False
+    host: str = ""
+    local_rank: int | None = None
+    exitcode: int | None = None
+    pid: int | None = None
+    signal: str = ""
+    error_file: str = ""
+    traceback: str = ""  # the table's traceback field ("Signal 9 (SIGKILL) received by PID 1")
+    time: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentSignal(Event):
+    """``Sending process 48099 closing signal SIGTERM``: the agent stopping the survivors
+    after another worker failed, so those exits are consequences."""
+
+    kind: ClassVar[str] = "agent_signal"
+    pid: int | None = None
+    signal: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaOom(Event):
+    """``torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB …``."""
+
+    kind: ClassVar[str] = "cuda_oom"
+    gpu: int | None = None
+    requested_bytes: int | None = None
+    capacity_bytes: int | None = None
+    free_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostOomKill(Event):
+    """The kernel OOM killer: ``Out of memory: Killed process 1234 (python)``."""
+
+    kind: ClassVar[str] = "host_oom_kill"
+    pid: int | None = None
+    process: str = ""
+    cgroup: bool = False  # a memory cgroup limit (container) rather than the whole host
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PythonException(Event):
+    """The last line of a Python traceback (or an exception line printed without one)."""
+
+    kind: ClassVar[str] = "python_exception"
+    exc_type: str = ""  # "torch.distributed.DistBackendError"
+    message: str = ""
+    location: str = ""  # innermost frame: 'train.py:120 in save_model'
+    traceback_line: int | None = None  # where "Traceback (most recent call last):" was
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaError(Event):
+    """``CUDA error: an illegal memory access was encountered`` and the other CUDA runtime
+    errors PyTorch raises (uncorrectable ECC, launch failure, device-side assert…)."""
+
+    kind: ClassVar[str] = "cuda_error"
+    error: str = ""  # the runtime's message, lower case
+    hardware: bool = False  # ECC / "GPU has fallen off the bus" style errors
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RendezvousError(Event):
+    """The TCPStore / rendezvous failed (``DistStoreError: Socket Timeout``, rendezvous
+    timeouts, ``DistNetworkError``): ranks could not even meet."""
+
+    kind: ClassVar[str] = "rendezvous_error"
+    error_type: str = ""
+    message: str = ""
+
+
+# --- Configuration (config.py, and nccl.py for NCCL's own settings) --------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigValue(Event):
+    """A setting the job printed: an environment variable, a framework argument, a version.
+    ``key`` is canonical (lower case, one name per concept, e.g. ``num_workers`` for
+    ``dataloader_num_workers``); ``raw_key`` keeps the spelling; ``number`` is the value as a
+    number in canonical units (seconds for timeouts) when it is one."""
+
+    kind: ClassVar[str] = "config_value"
+    key: str = ""
+    value: str = ""
+    raw_key: str = ""
+    number: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressBar(Event):
+    """The last state of a tqdm progress bar (``Running tokenizer on dataset: 9%| … [29:55<…``).
+    One event per description, at its furthest point: long preprocessing shows here."""
+
+    kind: ClassVar[str] = "progress_bar"
+    desc: str = ""
+    elapsed_s: int | None = None
+    done: int | None = None
+    total: int | None = None
+
+
+for _cls in (
+    NcclNetwork,
+    NcclNetDevices,
+    NcclIbUnavailable,
+    NcclChannel,
+    NcclInit,
+    NcclIbError,
+    NcclIbCallFailed,
+    NcclConnectFailed,
+    NcclError,
+    NcclPeerClosed,
+    GpuXid,
+    GpuOffBus,
+    PcieAer,
+    GpuUnreachable,
+    WorkerFailed,
+    FailureRecord,
+    AgentSignal,
+    CudaOom,
+    HostOomKill,
+    PythonException,
+    CudaError,
+    RendezvousError,
+    ConfigValue,
+    ProgressBar,
+):
+    register(_cls)

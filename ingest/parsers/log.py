@@ -13,10 +13,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
+from .config import ConfigParser
 from .events import Event
+from .kernel import KernelParser
+from .launcher import LauncherParser
 from .lines import LineScanner, UnreadableInput
+from .nccl import NcclParser
 from .prefix import split_prefix
 from .pytorch import PytorchParser
+from .signatures import SignatureParser
+
+# Head triggers (settings printed at start-up) are looked for in this many first bytes of a file;
+# the global triggers everywhere. See LineScanner.
+HEAD_BYTES = 4 << 20
 
 # Enough for every rank of a 16k-rank job to report a timeout, progress and a stack twice over,
 # and small enough that a log of nothing but matching lines cannot exhaust memory.
@@ -30,9 +39,20 @@ class LineParser(Protocol):
 
     def flush(self) -> list[Event]: ...
 
+    # Optional: ``skip_raw(raw: bytes) -> bool`` says that a hit line is of this parser's own
+    # format (an NCCL INFO line, a tqdm bar) and that no parser needs it, so the scanner may
+    # drop it undecoded. It must be cheap and conservative.
+
 
 def default_parsers() -> list[LineParser]:
-    return [PytorchParser()]
+    return [
+        PytorchParser(),
+        NcclParser(),
+        KernelParser(),
+        LauncherParser(),
+        ConfigParser(),
+        SignatureParser(),
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +104,17 @@ def parse_log(
         stream = io.BytesIO(stream)
     parsers = parsers if parsers is not None else default_parsers()
     triggers = tuple(sorted({t for p in parsers for t in p.triggers}))
-    scanner = LineScanner(stream, triggers)
+    head = tuple(
+        sorted({t for p in parsers for t in getattr(p, "head_triggers", ())} - set(triggers))
+    )
+    skips = [p.skip_raw for p in parsers if hasattr(p, "skip_raw")]
+    scanner = LineScanner(
+        stream,
+        triggers,
+        head_triggers=head,
+        head_bytes=HEAD_BYTES,
+        skip=(lambda raw: any(skip(raw) for skip in skips)) if skips else None,
+    )
     out = _Collector(source)
     issues: list[ParseIssue] = []
     complete = True

@@ -24,16 +24,13 @@ from .events import (
 from .lines import Line
 from .prefix import Prefix
 
-TRIGGERS: tuple[bytes, ...] = (
-    b"WorkNCCL(",
-    b"NCCL work:",
-    b"PG status:",
-    b"dump signal",
-    b"Heartbeat monitor timed out",
-    b"Stack trace of the failed collective",
-    b"lagging",
-    b"CollectiveFingerPrint(",
-)
+# Every line this parser reads holds "NCCL" (c10 log lines carry "ProcessGroupNCCL.cpp", the
+# watchdog message "WorkNCCL(", progress "NCCL work:") or is a Python exception ("Error":
+# DistBackendError, the CollectiveFingerPrint mismatch). Desync report lines and stack frames
+# carry neither: they are reached with follow() from the line above them.
+TRIGGERS: tuple[bytes, ...] = (b"NCCL", b"Error")
+# Desync report lines that follow a watchdog or "Rank N" header line (TORCH_NCCL_DESYNC_DEBUG).
+DESYNC_FOLLOW = 4
 
 _PG_TAG = re.compile(
     r"""\[(?:
@@ -60,7 +57,8 @@ _KV = re.compile(r"(\w+)(?:\(ms\))?=(\[[^\]]*\]|[^,]*)")
 #   2.5+   : "failure detected by watchdog at work sequence id: 5 PG status: last enqueued work: 5,
 #             last completed work: 4"
 _PROGRESS = re.compile(
-    r"(?:(?:Timeout at NCCL work|detected by watchdog at work(?: sequence id)?):\s*(?P<failed>-?\d+)"
+    r"(?:(?:Timeout at NCCL work|detected by watchdog at work(?: sequence id)?):\s*"
+    r"(?P<failed>-?\d+)"
     r"[,.]?\s*(?:PG status:)?\s*)"
     r"last enqueued (?:NCCL )?work:\s*(?P<enq>-?\d+),\s*"
     r"(?:last started (?:NCCL )?work:\s*(?P<started>-?\d+),\s*)?"
@@ -75,10 +73,14 @@ _DUMP = re.compile(
     r"(?:.*?Last enqueued (?:NCCL )?work:\s*(?P<enq>-?\d+),\s*last completed (?:NCCL )?work:\s*"
     r"(?P<done>-?\d+))?"
 )
-_DUMP_STORE = re.compile(r"(?:Observed|Received) (?:flight recorder )?dump signal from another rank")
+_DUMP_STORE = re.compile(
+    r"(?:Observed|Received) (?:flight recorder )?dump signal from another rank"
+)
 _HEARTBEAT = re.compile(r"Heartbeat monitor timed out")
 _STACK_HEAD = re.compile(r"Stack trace of the failed collective:\s*$")
 _FRAME = re.compile(r"^#(\d+)\s+(.+)$")
+# 2.2+: the desync report is logged as "<c10 prefix> Rank 3" followed by its lines.
+_DESYNC_HEAD = re.compile(r"\]\s*Rank \d+\s*$")
 # TraceUtils.h (TORCH_NCCL_DESYNC_DEBUG), 2.0+
 _NEVER_JOINED = re.compile(r"ranks \[(?P<ranks>[\d,\s]*)\] are the lagging ranks")
 _NOT_FINISHED = re.compile(
@@ -168,8 +170,9 @@ class PytorchParser:
                         ran_for_ms=_int(m.group("ran")),
                     )
                 )
+                follow(DESYNC_FOLLOW)
                 return out
-        m = _PROGRESS.search(text)
+        m = _PROGRESS.search(text) if "last enqueued" in text else None
         if m:
             pg, pg_rank = self._pg(text)
             out.append(
@@ -205,7 +208,7 @@ class PytorchParser:
                     )
                 )
             return out
-        if _HEARTBEAT.search(text):
+        if "Heartbeat" in text and _HEARTBEAT.search(text):
             pg, pg_rank = self._pg(text)
             out.append(
                 HeartbeatTimeout(
@@ -217,12 +220,15 @@ class PytorchParser:
                 )
             )
             return out
-        if _STACK_HEAD.search(text):
+        if "Stack trace" in text and _STACK_HEAD.search(text):
             self._stack = []
             self._stack_head = (line, self._rank(pre, line.text, *self._pg(text)))
             follow(1)
             return out
-        m = _NEVER_JOINED.search(text)
+        if "ProcessGroupNCCL" in text and _DESYNC_HEAD.search(text):
+            follow(DESYNC_FOLLOW)
+            return out
+        m = _NEVER_JOINED.search(text) if "lagging" in text else None
         if m:
             out.append(
                 DesyncReport(
@@ -233,7 +239,7 @@ class PytorchParser:
                 )
             )
             return out
-        m = _NOT_FINISHED.search(text)
+        m = _NOT_FINISHED.search(text) if "finish" in text else None
         if m:
             out.append(
                 DesyncReport(
@@ -245,7 +251,7 @@ class PytorchParser:
                 )
             )
             return out
-        m = _MISMATCH.search(text)
+        m = _MISMATCH.search(text) if "CollectiveFingerPrint" in text else None
         if m:
             out.append(
                 CollectiveMismatch(

@@ -1,0 +1,275 @@
+"""Settings a job prints that a diagnosis needs: NCCL/TORCH/CUDA environment variables, data
+loader settings, world size and parallelism degrees, the collective timeout, software versions,
+and tqdm progress bars of long preprocessing steps.
+
+Frameworks print these in many shapes; the key spellings below are matched in all of them:
+``KEY=value`` / ``export KEY=value`` (env dumps, ``Namespace(…)``, HF ``TrainingArguments(…)``),
+``'key': value`` (dict reprs, JSON), ``key: value`` (YAML, loggers), Megatron's
+``key ........ value`` and command lines ``--key value`` / ``--key=value``.
+
+Settings are printed when a job starts, so their many spellings are looked for in the head of
+each file only (``HEAD_TRIGGERS``); environment variables are also read wherever a global
+trigger (``NCCL``) brings their line in, and a progress bar glued to a watchdog line is read too.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .events import ConfigValue, Event, ProgressBar
+from .lines import Line
+from .prefix import Prefix
+
+TRIGGERS: tuple[bytes, ...] = ()
+HEAD_TRIGGERS: tuple[bytes, ...] = (
+    b"workers",
+    b"prefetch",
+    b"pin_memory",
+    b"world_size",
+    b"WORLD_SIZE",
+    b"parallel",
+    b"degree",
+    b"nnodes",
+    b"NNODES",
+    b"nproc_per_node",
+    b"NPROC_PER_NODE",
+    b"timeout",
+    b"ersion",
+    b"TORCH_",
+    b"CUDA_",
+    b"OMP_NUM_THREADS",
+    b"torch==",
+    b"CUDA used to build",
+    b"%|",
+)
+
+# Spelling → canonical key. Framework of origin in the comment.
+_KEYS: dict[str, str] = {
+    "num_workers": "num_workers",  # torch DataLoader, Lightning, wenet, FunASR, Megatron
+    "dataloader_num_workers": "num_workers",  # HF Trainer
+    "workers": "num_workers",  # timm / torchvision reference scripts (--workers)
+    "num_data_workers": "num_workers",
+    "prefetch_factor": "prefetch_factor",  # torch DataLoader
+    "dataloader_prefetch_factor": "prefetch_factor",  # HF Trainer
+    "prefetch": "prefetch",  # wenet/FunASR dataset conf (samples per worker)
+    "pin_memory": "pin_memory",
+    "dataloader_pin_memory": "pin_memory",  # HF Trainer
+    "world_size": "world_size",  # torch.distributed, every framework; WORLD_SIZE env
+    "tensor_model_parallel_size": "tensor_parallel",  # Megatron
+    "tensor_parallel_size": "tensor_parallel",  # vLLM, DeepSpeed, NeMo
+    "tp_size": "tensor_parallel",
+    "tp_degree": "tensor_parallel",
+    "pipeline_model_parallel_size": "pipeline_parallel",  # Megatron
+    "pipeline_parallel_size": "pipeline_parallel",
+    "pp_degree": "pipeline_parallel",  # xDiT --pp-degree
+    "pipefusion_parallel_degree": "pipeline_parallel",  # xDiT PipeFusion
+    "pp_size": "pipeline_parallel",
+    "data_parallel_size": "data_parallel",  # Megatron, DeepSpeed
+    "data_parallel_degree": "data_parallel",  # xDiT
+    "dp_degree": "data_parallel",
+    "ulysses_degree": "sequence_parallel",  # xDiT / DeepSpeed-Ulysses
+    "ring_degree": "sequence_parallel_ring",  # xDiT
+    "context_parallel_size": "context_parallel",  # Megatron
+    "nnodes": "nnodes",  # torchrun, DeepSpeed launcher
+    "nproc_per_node": "nproc_per_node",  # torchrun
+    "gpus_per_node": "nproc_per_node",  # Megatron launch scripts
+    "omp_num_threads": "omp_num_threads",
+    "distributed_timeout_minutes": "distributed_timeout",  # Megatron (minutes)
+    "ddp_timeout": "distributed_timeout",  # HF Trainer (seconds)
+    "dist_timeout": "distributed_timeout",
+}
+_KEY_NAMES = sorted(_KEYS, key=len, reverse=True)
+_SETTING = re.compile(
+    r"(?<![\w-])(?:--|\$|')?(?P<key>"
+    + "|".join(k.replace("_", "[_-]") for k in _KEY_NAMES)
+    + r")['\"]?(?:\s*[=:]\s*|\s+\.{2,}\s*|\s+)['\"]?(?P<value>[\w.+\-/,:]*?)['\"]?"
+    r"(?=[,;)}\]\s'\"]|$)",
+    re.IGNORECASE,
+)
+# Environment variables of interest, all shapes ("NCCL_DEBUG=INFO", "export NCCL_IB_HCA=mlx5",
+# "'NCCL_DEBUG': 'INFO'", "NCCL_DEBUG: INFO").
+_ENV = re.compile(
+    r"(?<![\w])(?P<key>(?:NCCL|TORCH|TORCHELASTIC|CUDA|PYTORCH)_[A-Z0-9_]+)['\"]?\s*(?:=|:)\s*"
+    r"['\"]?(?P<value>[^'\"\s;}]*)"
+)
+# PyTorch's timeout argument: "timeout=datetime.timedelta(seconds=1800)", "timedelta(minutes=30)".
+_TIMEDELTA = re.compile(
+    r"timeout\s*[=:]\s*(?:datetime\.)?timedelta\((?P<args>[^)]*)\)|timeout\s*[=:]\s*"
+    r"(?P<hms>\d+:\d\d:\d\d)\b"
+)
+# Versions: torch.utils.collect_env ("PyTorch version: 2.3.1+cu121", "CUDA used to build PyTorch:
+# 12.1"), prints of torch.__version__ ("torch version: 2.3.1", "torch.__version__ = 2.3.1"),
+# pip freeze ("torch==2.3.1"), nvidia-smi's header ("Driver Version: 535.104.05  CUDA Version:
+# 12.2") and nvcc ("Cuda compilation tools, release 12.1").
+_VERSIONS = (
+    (
+        "torch_version",
+        re.compile(
+            r"(?:PyTorch|[Tt]orch)(?:\.__version__| version)\s*[:=]?\s*['\"]?(?P<v>\d+\.\d+[\w.+]*)"
+            r"|\btorch==(?P<v2>\d+\.\d+[\w.+]*)"
+        ),
+    ),
+    (
+        "cuda_version",
+        re.compile(
+            r"CUDA (?:[Vv]ersion|used to build PyTorch|runtime version)\s*:?\s*"
+            r"(?P<v>\d+\.\d+[\d.]*)"
+        ),
+    ),
+    ("driver_version", re.compile(r"Driver [Vv]ersion\s*:?\s*(?P<v>\d+\.\d+[\d.]*)")),
+)
+# tqdm: "Running tokenizer on dataset:   9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57
+# examples/s]" (tqdm 4.x, all versions); redraws are separated by CR, which lines.clean turns
+# into spaces, so the last match on a line is the bar's latest state.
+_BAR = re.compile(
+    r"(?:(?P<desc>[^\s|:\[\]][^|:\[\]]{0,80}?):\s*)?(?P<pct>\d{1,3})%\|[^|]{0,200}\|\s*"
+    r"(?P<done>\d+)/(?P<total>\d+|\?)\s*\[(?P<el>(?:\d+:)?\d{1,2}:\d{2})<"
+)
+
+MAX_BARS = 100
+# A bar line holding one of these carries something else (a setting, a glued log line).
+_BAR_KEEP = (b"NCCL", b"Error", b"_", b"=", b"ersion")
+
+
+def _number(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _elapsed(value: str) -> int:
+    seconds = 0
+    for part in value.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds
+
+
+def _timedelta_seconds(args: str) -> float | None:
+    units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1, "milliseconds": 0.001}
+    total = 0.0
+    found = False
+    for name, value in re.findall(r"(\w+)\s*=\s*([\d.]+)", args):
+        if name in units:
+            total += float(value) * units[name]
+            found = True
+    return total if found else None
+
+
+class ConfigParser:
+    """Stateful to report each setting once and each progress bar at its furthest point."""
+
+    triggers = TRIGGERS
+    head_triggers = HEAD_TRIGGERS
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._bars: dict[str, ProgressBar] = {}
+
+    def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
+        text = pre.rest
+        if "NCCL INFO" in text or "NCCL WARN" in text:
+            return []  # nccl.py reads NCCL's own report of its settings
+        out: list[Event] = []
+        ctx = {"line": line.number, "text": line.text, "rank": pre.rank}
+        if "%|" in text:
+            self._bar(ctx, text)
+        if "NCCL_" in text or "TORCH" in text or "CUDA_" in text:
+            for m in _ENV.finditer(text):
+                value = m.group("value").rstrip(",")
+                out.extend(self._emit(ctx, m.group("key"), value, m.group("key")))
+        for m in _SETTING.finditer(text):
+            raw = m.group("key")
+            key = _KEYS.get(raw.lower().replace("-", "_"))
+            if key is None:
+                continue
+            value = m.group("value").strip(",")
+            number = _number(value)
+            sep = text[m.end("key") : m.start("value")]
+            if (
+                not sep.strip(" '\"")
+                and number is None
+                and value.lower()
+                not in (
+                    "true",
+                    "false",
+                )
+            ):
+                continue  # "key value" with a word after it is prose, not a setting
+            if (
+                key == "num_workers"
+                and raw.lower() == "workers"
+                and not m.group(0).startswith("--")
+            ):
+                continue
+            if key == "distributed_timeout" and number is not None:
+                number *= 60 if "minute" in raw.lower() else 1
+            out.extend(self._emit(ctx, key, value, raw, number))
+        if "timeout" in text:
+            m = _TIMEDELTA.search(text)
+            if m:
+                if m.group("args") is not None:
+                    seconds = _timedelta_seconds(m.group("args"))
+                    value = f"timedelta({m.group('args')})"
+                else:
+                    seconds, value = float(_elapsed(m.group("hms"))), m.group("hms")
+                out.extend(self._emit(ctx, "distributed_timeout", value, "timeout", seconds))
+        if "ersion" in text or "torch==" in text or "CUDA used" in text:
+            for key, pattern in _VERSIONS:
+                m = pattern.search(text)
+                if m:
+                    value = m.group("v") or (m.groupdict().get("v2") or "")
+                    if value:
+                        out.extend(self._emit(ctx, key, value, key))
+        return out
+
+    def _emit(
+        self, ctx: dict, key: str, value: str, raw: str, number: float | None = None
+    ) -> list[Event]:
+        canonical = key.lower()
+        if not value or (canonical, value) in self._seen or len(self._seen) > 5000:
+            return []
+        self._seen.add((canonical, value))
+        if number is None:
+            number = _number(value)
+        return [ConfigValue(**ctx, key=canonical, value=value[:200], raw_key=raw, number=number)]
+
+    def _bar(self, ctx: dict, text: str) -> None:
+        # The last redraw is the bar's latest state; a description is at most ~80 characters.
+        cut = text.rfind("%|")
+        if "<" not in text[cut:]:
+            return
+        last = _BAR.search(text, max(0, cut - 120, text.rfind("]", 0, cut) + 1))
+        if last is None:
+            return
+        desc = (last.group("desc") or "").strip()
+        elapsed = _elapsed(last.group("el"))
+        old = self._bars.get(desc)
+        if old is not None and (old.elapsed_s or 0) > elapsed:
+            return
+        if old is None and len(self._bars) >= MAX_BARS:
+            return
+        total = last.group("total")
+        self._bars[desc] = ProgressBar(
+            **ctx,
+            desc=desc,
+            elapsed_s=elapsed,
+            done=int(last.group("done")),
+            total=int(total) if total.isdigit() else None,
+        )
+
+    def skip_raw(self, raw: bytes) -> bool:
+        """A tqdm bar whose latest redraw shows less than a minute elapsed, on a line that
+        holds nothing else of interest: training progress bars, thousands of them."""
+        cut = raw.rfind(b"%|")
+        if cut < 0:
+            return False
+        start = raw.find(b"[", cut)
+        if start < 0 or raw[start + 1 : start + 4] != b"00:" or raw[start + 6 : start + 7] != b"<":
+            return False
+        return raw.count(b"%|") == 1 and not any(w in raw for w in _BAR_KEEP)
+
+    def flush(self) -> list[Event]:
+        bars = sorted(self._bars.values(), key=lambda bar: bar.line)
+        self._bars.clear()
+        return list(bars)

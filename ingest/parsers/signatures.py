@@ -1,0 +1,140 @@
+"""Known failure signatures: storage stalls in kernel logs and known library bugs in stacks.
+
+Each signature is data — an id, the literal that triggers it, a regex, and what it means — so
+adding one is a one-line change with a test, never a new code path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .events import Event, register
+from .lines import Line
+from .prefix import Prefix
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageStall(Event):
+    """The host's storage stopped answering: NFS/Lustre timeouts, tasks blocked in I/O."""
+
+    kind: ClassVar[str] = "storage_stall"
+    signature: str = ""
+    mount: str = ""  # server or mount point when the line names it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnownSignature(Event):
+    """A line that matches a known bug of a library version (NCCL, PyTorch, driver)."""
+
+    kind: ClassVar[str] = "known_signature"
+    signature: str = ""
+    culprit: str = ""
+
+
+register(StorageStall)
+register(KnownSignature)
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    trigger: bytes
+    pattern: re.Pattern[str]
+    event: type[Event]
+    culprit: str = ""
+    meaning: str = ""
+
+
+STORAGE = (
+    # Linux NFS client (all kernels): "nfs: server fs01 not responding, still trying"
+    Signature(
+        "nfs_not_responding",
+        b"not responding",
+        re.compile(r"nfs: server (?P<mount>\S+) not responding"),
+        StorageStall,
+    ),
+    # Linux hung-task detector: "INFO: task python:1234 blocked for more than 120 seconds."
+    Signature(
+        "hung_task",
+        b"blocked for more than",
+        re.compile(r"INFO: task (?P<mount>\S+?):\d+ blocked for more than \d+ seconds"),
+        StorageStall,
+    ),
+    # Lustre client: "LustreError: ... lost connection" / "Connection to fs-OST0003 ... was lost"
+    Signature(
+        "lustre_connection_lost",
+        b"Lustre",
+        re.compile(
+            r"Lustre(?:Error)?:.*?(?:Connection to (?P<mount>\S+).*?was lost|"
+            r"evicted|timed out for slow reply)"
+        ),
+        StorageStall,
+    ),
+    # ext4/xfs and the block layer: I/O errors under a training write
+    Signature(
+        "block_io_error",
+        b"I/O error",
+        re.compile(
+            r"(?:blk_update_request|Buffer I/O error on dev(?:ice)? (?P<mount>\S+)|"
+            r"EXT4-fs error|XFS .*I/O error)"
+        ),
+        StorageStall,
+    ),
+)
+
+KNOWN_BUGS = (
+    # NCCL 2.19-2.20 work-FIFO leak: with CUDA graphs, enqueue spins in waitWorkFifoAvailable
+    # until every rank stalls (NVIDIA/nccl#1251; fixed in 2.21).
+    Signature(
+        "nccl_work_fifo_stall",
+        b"waitWorkFifoAvailable",
+        re.compile(r"\bwaitWorkFifoAvailable\b"),
+        KnownSignature,
+        "software_version",
+        "NCCL work FIFO full: known NCCL 2.19/2.20 leak with CUDA graphs",
+    ),
+)
+
+SIGNATURES = STORAGE + KNOWN_BUGS
+
+
+class SignatureParser:
+    triggers = tuple(sorted({s.trigger for s in SIGNATURES}))
+
+    def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
+        text = pre.rest
+        for sig in SIGNATURES:
+            if sig.trigger.decode() not in text:
+                continue
+            m = sig.pattern.search(text)
+            if not m:
+                continue
+            if sig.event is StorageStall:
+                mount = (m.groupdict().get("mount") or "")[:200]
+                return [
+                    StorageStall(
+                        line=line.number,
+                        text=line.text,
+                        rank=pre.rank,
+                        signature=sig.id,
+                        mount=mount,
+                    )
+                ]
+            return [
+                KnownSignature(
+                    line=line.number,
+                    text=line.text,
+                    rank=pre.rank,
+                    signature=sig.id,
+                    culprit=sig.culprit,
+                )
+            ]
+        return []
+
+    def flush(self) -> list[Event]:
+        return []
+
+
+MEANINGS = {s.id: s.meaning for s in KNOWN_BUGS}

@@ -1,0 +1,306 @@
+"""NCCL INFO/WARN lines and the NCCL errors PyTorch raises, as the real software prints them."""
+
+import pytest
+
+from ingest.parsers import parse_log
+from ingest.parsers.nccl import IBV_WC_STATUS
+
+
+def events(text: str, kind: str):
+    return parse_log(text.encode()).of_kind(kind)
+
+
+CASES = [
+    # (what, line, kind, expected attributes)
+    (
+        "network IB",
+        "gpu-a:2340:3744 [2] NCCL INFO Using network IB",
+        "nccl_network",
+        {"host": "gpu-a", "local_rank": 2, "network": "IB"},
+    ),
+    (
+        "network from a plugin, with a collector timestamp",
+        "[2026-04-28 14:14:42] pod-vf07:15718:15726 [0] NCCL INFO Using network IBext_v8",
+        "nccl_network",
+        {"host": "pod-vf07", "network": "IBext_v8"},
+    ),
+    (
+        "network Socket",
+        "node-1:97:221 [0] NCCL INFO Using network Socket",
+        "nccl_network",
+        {"network": "Socket"},
+    ),
+    (
+        "IB devices with the OOB interface",
+        "node-2:5776:5898 [0] NCCL INFO NET/IB : Using [0]ibP111p0s0:1/IB [1]rdmaP1111p0s2:1/RoCE"
+        " [RO]; OOB eth0:10.2.0.4<0>",
+        "nccl_net_devices",
+        {"transport": "IB", "devices": ("ibP111p0s0:1/IB", "rdmaP1111p0s2:1/RoCE")},
+    ),
+    (
+        "socket transport on a link-local tunnel",
+        "NvYt-dcf4:97:221 [0] NCCL INFO NET/Socket : Using [0]ip6tnl0:fe80::e866:19ff:fe1e:a688"
+        "%ip6tnl0<0> [1]veth0:2a02:6b8:fc1d:3606:0:4457:edef:600a<0>",
+        "nccl_net_devices",
+        {"transport": "Socket", "link_local": True},
+    ),
+    (
+        "bootstrap interface, NCCL 2.4-2.18",
+        "job-0:305:305 [0] NCCL INFO Bootstrap : Using eth0:10.241.101.227<0>",
+        "nccl_net_devices",
+        {"transport": "Bootstrap", "devices": ("eth0:10.241.101.227",), "link_local": False},
+    ),
+    (
+        "no IB device",
+        "node-1:1234:1234 [0] NCCL INFO NET/IB : No device found.",
+        "nccl_ib_unavailable",
+        {"reason": "no_device"},
+    ),
+    (
+        "no libibverbs",
+        "job-0:306:324 [1] NCCL INFO Failed to open libibverbs.so[.1]",
+        "nccl_ib_unavailable",
+        {"reason": "no_libibverbs", "local_rank": 1},
+    ),
+    (
+        "IB disabled by the environment",
+        "NvYt-dcf4:97:221 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.",
+        "nccl_ib_unavailable",
+        {"reason": "disabled_by_env"},
+    ),
+    (
+        "channel over NVLink/PCIe P2P",
+        "gpu-a:1234:5678 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] via P2P/IPC/read",
+        "nccl_channel",
+        {"transport": "P2P", "path": "P2P/IPC/read", "gdr": False},
+    ),
+    (
+        "channel over P2P/CUMEM, NCCL 2.19+",
+        "gpu-a:1234:5678 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via P2P/CUMEM",
+        "nccl_channel",
+        {"transport": "P2P", "path": "P2P/CUMEM"},
+    ),
+    (
+        "channel over IB with GPUDirect RDMA",
+        "gpu-a:1234:5678 [0] NCCL INFO Channel 00/1 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA",
+        "nccl_channel",
+        {"transport": "NET/IB", "gdr": True},
+    ),
+    (
+        "channel over sockets",
+        "gpu-a:1234:5678 [0] NCCL INFO Channel 00/0 : 4[0] -> 0[0] [receive] via NET/Socket/0",
+        "nccl_channel",
+        {"transport": "NET/Socket"},
+    ),
+    (
+        "channel through shared memory, NCCL <= 2.11",
+        "gpu-a:1234:5678 [0] NCCL INFO Channel 00 : 0[1b000] -> 1[1c000] via SHM/direct/direct",
+        "nccl_channel",
+        {"transport": "SHM"},
+    ),
+    (
+        "Init COMPLETE, NCCL 2.7-2.18",
+        "funasr-m-0:14054:14825 [3] NCCL INFO comm 0x9bc5a80 rank 11 nranks 16 cudaDev 3 busId "
+        "4e000 - Init COMPLETE",
+        "nccl_init",
+        {"comm_rank": 11, "nranks": 16, "cuda_dev": 3, "bus_id": "4e000", "comm_id": ""},
+    ),
+    (
+        "Init COMPLETE, NCCL 2.19+",
+        "tpgds-aihub0007:222224:222224 [3] NCCL INFO ncclCommInitRank comm 0x560d47aa6b30 rank 3 "
+        "nranks 16 cudaDev 3 nvmlDev 3 busId 5d000 commId 0xde4443395863ef4a - Init COMPLETE",
+        "nccl_init",
+        {"comm_rank": 3, "bus_id": "5d000", "comm_id": "0xde4443395863ef4a"},
+    ),
+    (
+        "Init COMPLETE, NCCL 2.4-2.6 without busId",
+        "gpu-a:1234:1300 [0] NCCL INFO comm 0x7f1f2c001b40 rank 0 nranks 4 cudaDev 0 nvmlDev 0 - "
+        "Init COMPLETE",
+        "nccl_init",
+        {"comm_rank": 0, "nranks": 4, "bus_id": ""},
+    ),
+    (
+        "IB completion error, NCCL 2.12-2.18",
+        "node-2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from "
+        "peer 10.2.0.5<33092> with error 12, opcode 0, len 0, vendor err 129 (Recv)",
+        "nccl_ib_error",
+        {
+            "status": 12,
+            "status_name": "IBV_WC_RETRY_EXC_ERR",
+            "peer": "10.2.0.5<33092>",
+            "vendor_err": 129,
+            "follow_on": False,
+        },
+    ),
+    (
+        "IB completion error, NCCL <= 2.11",
+        "node-2:5776:5902 [0] NCCL WARN NET/IB : Got completion with error 12, opcode 1, len "
+        "32768, vendor err 129",
+        "nccl_ib_error",
+        {"status": 12, "opcode": 1, "peer": ""},
+    ),
+    (
+        "IB completion error, NCCL 2.19-2.22",
+        "[2026-03-03 12:11:38] tpgds-aihub0007:185303:186751 [1] transport/net_ib.cc:2453 NCCL "
+        "WARN NET/IB: Got completion from peer 10.99.91.63<51161> with status=4 opcode=32614 "
+        "len=32614 vendor err 81 (Send) localGid ::ffff:10.99.92.59 hca mlx5_1",
+        "nccl_ib_error",
+        {"status": 4, "status_name": "IBV_WC_LOC_PROT_ERR", "vendor_err": 81},
+    ),
+    (
+        "IB completion error, NCCL 2.23+ with status names",
+        "ubuntu2:319733:319761 [1] transport/net_ib/p2p.cc:648 NCCL WARN NET/IB: Got completion "
+        "from peer 10.153.235.13<40554> with status=IBV_WC_RETRY_EXC_ERR(12) "
+        "opcode=IBV_WC_RECV_RDMA_WITH_IMM(129) vendor_err=129 hca mlx5_1",
+        "nccl_ib_error",
+        {"status": 12, "opcode": 129, "vendor_err": 129},
+    ),
+    (
+        "flush errors are follow-ons",
+        "node-2:5776:5902 [0] NCCL WARN NET/IB : Got completion from peer 10.2.0.5<33092> with "
+        "error 5, opcode 0, len 0, vendor err 249 (Recv)",
+        "nccl_ib_error",
+        {"status": 5, "follow_on": True},
+    ),
+    (
+        "a verbs call failed",
+        "node-1:1:1 [0] NCCL WARN Call to ibv_modify_qp failed with error Connection timed out",
+        "nccl_ib_call_failed",
+        {"call": "ibv_modify_qp"},
+    ),
+    (
+        "connect timed out to a link-local address",
+        "NCCL WARN Connect to fe80::745d:60ff:fef9:e1dd%ip6tnl0<46681> failed : Connection timed "
+        "out",
+        "nccl_connect_failed",
+        {"reason": "Connection timed out", "link_local": True},
+    ),
+    (
+        "connect refused, NCCL 2.19+",
+        "gpu-b:77:90 [4] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
+        "10.0.0.2<43019> failed : Connection refused",
+        "nccl_connect_failed",
+        {"address": "10.0.0.2<43019>", "reason": "Connection refused", "link_local": False},
+    ),
+    (
+        "a local process went away",
+        "funasr-w-0:15325:16199 [2] NCCL INFO [Service thread] Connection closed by localRank 2",
+        "nccl_peer_closed",
+        {"peer_local_rank": 2, "local_rank": 2, "host": "funasr-w-0"},
+    ),
+    (
+        "PyTorch NCCL error, 1.x-2.x",
+        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, "
+        "unhandled system error, NCCL version 2.14.3",
+        "nccl_error",
+        {"error": "system", "code": 2},
+    ),
+    (
+        "PyTorch remote error, 2.2+",
+        "[rank3]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/"
+        "c10d/NCCLUtils.hpp:275, remote process exited or there was a network error, NCCL "
+        "version 2.20.5",
+        "nccl_error",
+        {"error": "remote", "code": 6, "rank": 3},
+    ),
+    (
+        "PyTorch cuda error",
+        "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, "
+        "unhandled cuda error, NCCL version 2.7.8",
+        "nccl_error",
+        {"error": "cuda", "code": 1},
+    ),
+    (
+        "old c10d numbered error",
+        "RuntimeError: NCCL Error 2: unhandled system error",
+        "nccl_error",
+        {"error": "system", "code": 2},
+    ),
+    (
+        "result name line on its own",
+        "ncclInternalError: Internal check failed.",
+        "nccl_error",
+        {"error": "internal", "code": 3},
+    ),
+    (
+        "aborted communicator",
+        "[rank1]: torch.distributed.DistBackendError: NCCL communicator was aborted on rank 1. "
+        "Original reason for failure was: [Rank 1] Watchdog caught collective operation timeout",
+        "nccl_error",
+        {"error": "aborted"},
+    ),
+    (
+        "WARN cuda failure",
+        "gpu-a:1:2 [0] enqueue.cc:1100 NCCL WARN Cuda failure 'an illegal memory access was "
+        "encountered'",
+        "nccl_error",
+        {"error": "cuda", "detail": "an illegal memory access was encountered"},
+    ),
+    (
+        "NCCL version on an INFO line",
+        "gpu-a:1234:1234 [0] NCCL INFO NCCL version 2.18.5+cuda12.1",
+        "config_value",
+        {"key": "nccl_version", "value": "2.18.5"},
+    ),
+    (
+        "NCCL version printed bare by old NCCL",
+        "NCCL version 2.5.6+cuda10.0",
+        "config_value",
+        {"key": "nccl_version", "value": "2.5.6"},
+    ),
+    (
+        "any NCCL_* variable NCCL reports",
+        "bigo:1884:2298 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to LOC",
+        "config_value",
+        {"key": "nccl_p2p_level", "value": "LOC", "raw_key": "NCCL_P2P_LEVEL"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "line", "kind", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_nccl_lines_become_typed_events(what, line, kind, expected):
+    found = events(line, kind)
+    assert len(found) == 1, found
+    for name, value in expected.items():
+        assert getattr(found[0], name) == value, name
+
+
+def test_an_exception_and_its_result_name_line_are_one_error():
+    log = (
+        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, "
+        "unhandled system error, NCCL version 2.14.3\n"
+        "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
+        "device error.\n"
+    )
+    assert len(events(log, "nccl_error")) == 1
+
+
+def test_channel_lines_are_reported_once_per_transport_and_process():
+    log = (
+        "".join(
+            f"gpu-a:1234:5678 [0] NCCL INFO Channel {c:02d}/0 : 0[0] -> 1[1] via P2P/IPC\n"
+            for c in range(32)
+        )
+        + "gpu-a:1234:5678 [0] NCCL INFO Channel 00/1 : 0[0] -> 8[0] [send] via NET/Socket/0\n"
+    )
+    assert [e.transport for e in events(log, "nccl_channel")] == ["P2P", "NET/Socket"]
+
+
+def test_uninteresting_info_lines_produce_nothing():
+    log = (
+        "gpu-a:1234:5678 [0] NCCL INFO Connected all rings\n"
+        "gpu-a:1234:5678 [0] NCCL INFO threadThresholds 8/8/64 | 128/8/64 | 512 | 512\n"
+        "gpu-a:1234:5678 [0] NCCL INFO NET/Plugin : No plugin found, using internal "
+        "implementation\n"
+    )
+    assert parse_log(log.encode()).events == ()
+
+
+@pytest.mark.parametrize("status", [4, 5, 10, 12, 13])
+def test_the_common_ibv_wc_statuses_have_a_meaning(status):
+    name, meaning, _ = IBV_WC_STATUS[status]
+    assert name.startswith("IBV_WC_") and meaning
+
+
+def test_only_the_flush_status_is_a_follow_on():
+    assert [s for s, (_, _, follow_on) in IBV_WC_STATUS.items() if follow_on] == [5]

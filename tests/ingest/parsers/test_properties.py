@@ -1,0 +1,87 @@
+"""Whatever bytes arrive, parse_log returns: a crashing job prints anything."""
+
+import gzip
+import io
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.parsers import parse_log
+from ingest.parsers.lines import LineScanner
+from ingest.parsers.log import default_parsers
+
+# Fragments of real incident lines, so that random input reaches deep into the parsers.
+FRAGMENTS = [
+    b"[rank3]:[E ProcessGroupNCCL.cpp:607] [PG ID 0 PG GUID 0(default_pg) Rank 3] ",
+    b"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=",
+    b"OpType=COALESCED, NumelIn=18446744073709551615, Timeout(ms)=600000) ran for ",
+    b" milliseconds before timing out.",
+    b"last enqueued NCCL work: ",
+    b"Stack trace of the failed collective: \n#0 all_reduce from x.py:1\n",
+    b"gpu-a:1:2 [0] NCCL INFO comm 0x1 rank 3 nranks 8 cudaDev 3 busId 47000 - Init COMPLETE",
+    b"NCCL WARN NET/IB : Got completion from peer 1.2.3.4<5> with error 12, opcode 0",
+    b"NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/IB/0/GDRDMA",
+    b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, ",
+    b"PCIe Bus Error: severity=Corrected, type=",
+    b"Traceback (most recent call last):\n",
+    b'  File "a.py", line 1, in f\n',
+    b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+    b"Root Cause (first observed failure):\n[0]:\n  rank      : 3 (local_rank: 3)\n",
+    b"  exitcode  : -9 (pid: 1)\n",
+    b"failed (exitcode: -6) local_rank: 0 (pid: 48096) of binary",
+    b"torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    b"Out of memory: Killed process 12 (python)",
+    b"num_workers: 4",
+    b"timeout=timedelta(minutes=",
+    b"Running tokenizer on dataset:   9%|## | 1/2 [29:55<",
+    b"\r",
+    b"\n",
+    b"\x1b[31m",
+    b"\xff\xfe\xc3",
+    "日本語のログ".encode(),
+    "ёжик".encode("cp1251"),
+]
+
+log_bytes = st.lists(
+    st.one_of(st.sampled_from(FRAGMENTS), st.binary(max_size=64)), max_size=60
+).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(log_bytes)
+def test_arbitrary_bytes_never_make_parse_log_raise(data):
+    result = parse_log(data)
+    assert all(issue.message for issue in result.issues)
+
+
+@settings(max_examples=200, deadline=None)
+@given(log_bytes)
+def test_no_parser_raises_on_any_line(data):
+    # parse_log would catch it, but a parser must not rely on that: exceptions end up as issues.
+    result = parse_log(data)
+    assert not [i for i in result.issues if "Parser:" in i.message]
+
+
+@settings(max_examples=50, deadline=None)
+@given(log_bytes, st.integers(min_value=1, max_value=200_000))
+def test_huge_lines_never_make_parse_log_raise(data, size):
+    result = parse_log(data + b"x" * size + data)
+    assert result.lines >= 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(log_bytes, st.floats(min_value=0.0, max_value=1.0))
+def test_gzip_cut_anywhere_never_raises(data, fraction):
+    packed = gzip.compress(data * 3)
+    parse_log(packed[: int(len(packed) * fraction)])
+
+
+@settings(max_examples=100, deadline=None)
+@given(log_bytes, st.sampled_from([16, 64, 1000]))
+def test_line_numbers_do_not_depend_on_the_chunk_size(data, chunk_size):
+    triggers = tuple({t for p in default_parsers() for t in p.triggers})
+
+    def numbers(size):
+        return [ln.number for ln in LineScanner(io.BytesIO(data), triggers, chunk_size=size)]
+
+    assert numbers(chunk_size) == numbers(1 << 20)
