@@ -79,6 +79,20 @@ _KEYS: dict[str, str] = {
     "dist_timeout": "distributed_timeout",
 }
 _KEY_NAMES = sorted(_KEYS, key=len, reverse=True)
+# Cheap substring test before the big alternation: every key spelling holds one of these
+# (with "-" for "_" in command-line spellings), so a line holding none cannot match _SETTING.
+_KEY_HINTS = (
+    "worker",
+    "prefetch",
+    "pin",
+    "size",
+    "degree",
+    "nnodes",
+    "nproc",
+    "gpus",
+    "omp",
+    "timeout",
+)
 _SETTING = re.compile(
     r"(?<![\w-])(?:--|\$|')?(?P<key>"
     + "|".join(k.replace("_", "[_-]") for k in _KEY_NAMES)
@@ -178,7 +192,9 @@ class ConfigParser:
             for m in _ENV.finditer(text):
                 value = m.group("value").rstrip(",")
                 out.extend(self._emit(ctx, m.group("key"), value, m.group("key")))
-        for m in _SETTING.finditer(text):
+        low = text.lower()
+        settings = _SETTING.finditer(text) if any(h in low for h in _KEY_HINTS) else ()
+        for m in settings:
             raw = m.group("key")
             key = _KEYS.get(raw.lower().replace("-", "_"))
             if key is None:

@@ -25,7 +25,7 @@ from .signatures import SignatureParser
 
 # Head triggers (settings printed at start-up) are looked for in this many first bytes of a file;
 # the global triggers everywhere. See LineScanner.
-HEAD_BYTES = 4 << 20
+HEAD_BYTES = 2 << 20
 
 # Enough for every rank of a 16k-rank job to report a timeout, progress and a stack twice over,
 # and small enough that a log of nothing but matching lines cannot exhaust memory.

@@ -220,7 +220,12 @@ class NcclParser:
             return False
         if b" via " in raw:
             path = raw[raw.rfind(b" via ") + 5 :].split(b"/", 2)
-            key = (raw[:cut], b"/".join(path[:2]) if path[0] == b"NET" else path[0])
+            # One line per transport per host (or rank prefix) says all a diagnosis needs; the
+            # pid:tid part differs per communicator and thread and would let thousands through.
+            key = (
+                raw[:cut].split(b":", 1)[0],
+                b"/".join(path[:2]) if path[0] == b"NET" else path[0],
+            )
             if key in self._raw_channels:
                 return True
             if len(self._raw_channels) < 10_000:

@@ -85,3 +85,17 @@ def test_line_numbers_do_not_depend_on_the_chunk_size(data, chunk_size):
         return [ln.number for ln in LineScanner(io.BytesIO(data), triggers, chunk_size=size)]
 
     assert numbers(chunk_size) == numbers(1 << 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(log_bytes, st.sampled_from([4096, 1 << 20]), st.booleans())
+def test_the_scanner_yields_exactly_the_lines_holding_a_trigger(data, chunk_size, fast):
+    # The oracle is a plain split of the bytes: no chunking, no search library.
+    triggers = tuple({t for p in default_parsers() for t in p.triggers})
+    raw_lines = data.split(b"\n") if data else []
+    if data.endswith(b"\n"):
+        raw_lines.pop()
+    expected = [n for n, raw in enumerate(raw_lines, 1) if any(t in raw for t in triggers)]
+    scanner = LineScanner(io.BytesIO(data), triggers, chunk_size=chunk_size, fast=fast)
+    assert [ln.number for ln in scanner] == expected
+    assert scanner.lines_seen == len(raw_lines)
