@@ -1,8 +1,5 @@
-"""Fleetwatch: the Django project and the fleet inventory."""
+"""Fleetwatch: the Django project and the fleet inventory.
 
-try:  # the pure core and the agent install without Celery
-    from .celery import app as celery_app
-except ImportError:  # pragma: no cover - only without the server extra
-    celery_app = None
-
-__all__ = ["celery_app"]
+Nothing is imported here: ``fleetwatch diagnose`` (fleet.cli) must run without Django or Celery.
+The Celery app is loaded by FleetConfig.ready() in the web tier and by ``celery -A fleet``.
+"""

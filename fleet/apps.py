@@ -4,3 +4,7 @@ from django.apps import AppConfig
 class FleetConfig(AppConfig):
     name = "fleet"
     verbose_name = "Fleet inventory"
+
+    def ready(self) -> None:
+        # Make the configured Celery app current before any task is sent from the web tier.
+        from fleet import celery  # noqa: F401

@@ -28,6 +28,8 @@ class JobScenario:
     noise_lines: int = 200
     attempt: int = 0
     start: datetime = field(default_factory=lambda: datetime(2026, 11, 20, 3, 0, 0))
+    rank_extra: dict[int, str] = field(default_factory=dict)  # appended to a rank's log
+    host_logs: dict[str, str] = field(default_factory=dict)  # kernel logs, uploaded per host
 
     def host_of(self, rank: int) -> str:
         per_host = max(1, self.world // len(self.hosts))
@@ -56,6 +58,8 @@ def rank_log(s: JobScenario, rank: int, seed: int = 0) -> str:
     rng = random.Random(f"{s.job}/{rank}/{seed}")
     fail_at = s.start + timedelta(seconds=2 * s.noise_lines + s.timeout_ms / 1000)
     lines = _noise(rank, s.noise_lines, rng, s.start)
+    if rank in s.rank_extra:
+        lines.append(s.rank_extra[rank].rstrip("\n"))
     if rank == s.silent:
         lines.append(f"{fail_at:%Y-%m-%d %H:%M:%S} INFO train.py:240 [rank{rank}] epoch done")
         return "\n".join(lines) + "\n"
@@ -118,9 +122,82 @@ def healthy_log(s: JobScenario, rank: int) -> str:
     return "\n".join(_noise(rank, s.noise_lines, rng, s.start)) + "\nTraining complete.\n"
 
 
+OOM_TRACEBACK = """Traceback (most recent call last):
+  File "/workspace/train.py", line 412, in <module>
+    main()
+  File "/workspace/train.py", line 388, in train_step
+    loss.backward()
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.88 GiB. GPU 3 has a total \
+capacity of 79.11 GiB of which 1.02 GiB is free. Of the allocated memory 74.20 GiB is allocated \
+by PyTorch, and 2.31 GiB is reserved by PyTorch but unallocated."""
+
+IB_ERROR = (
+    "gpu-d02:48122:48391 [2] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+    "10.10.4.17<40211> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid "
+    "::ffff:10.10.4.18 remoteGids ::ffff:10.10.4.17 hca mlx5_2\n"
+    "gpu-d02:48122:48391 [2] NCCL INFO transport/net.cc:1298 -> 6"
+)
+
+XID_79 = (
+    "[1821733.120011] NVRM: Xid (PCI:0000:3b:00): 79, pid=48211, name=python, GPU has fallen "
+    "off the bus.\n"
+    "[1821733.120388] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n"
+)
+
+NFS_STALL = (
+    "[1021733.120011] nfs: server fs-logs01 not responding, still trying\n"
+    "[1021790.412230] INFO: task python:48213 blocked for more than 120 seconds.\n"
+)
+
+
 def demo_scenarios() -> list[tuple[JobScenario, bool]]:
     """(scenario, failed?) — a small, varied fleet for a first look at the UI."""
     return [
+        (
+            JobScenario(
+                "moe-pretrain-1121",
+                ["gpu-c01", "gpu-c02"],
+                world=8,
+                seq=20411,
+                rank_extra={3: OOM_TRACEBACK},
+                silent=3,
+            ),
+            True,
+        ),
+        (
+            JobScenario(
+                "llama-sft-0931",
+                ["gpu-e05", "gpu-e06"],
+                world=8,
+                lagging=6,
+                seq=7731,
+                host_logs={"gpu-e06": XID_79},
+            ),
+            True,
+        ),
+        (
+            JobScenario(
+                "dit-train-77",
+                ["gpu-d01", "gpu-d02"],
+                world=8,
+                seq=1302,
+                rank_extra={6: IB_ERROR},
+            ),
+            True,
+        ),
+        (
+            JobScenario(
+                "fsdp2-pretrain-1120",
+                ["gpu-f01", "gpu-f02"],
+                world=8,
+                lagging=0,
+                seq=90212,
+                op="_ALLGATHER_BASE",
+                timeout_ms=100_000,
+                host_logs={"gpu-f01": NFS_STALL},
+            ),
+            True,
+        ),
         (
             JobScenario("llama-pretrain-20261120-a", ["gpu-a01", "gpu-a02"], world=8, lagging=5),
             True,

@@ -59,7 +59,7 @@ STORAGE = (
     Signature(
         "hung_task",
         b"blocked for more than",
-        re.compile(r"INFO: task (?P<mount>\S+?):\d+ blocked for more than \d+ seconds"),
+        re.compile(r"INFO: task (?P<task>\S+?):\d+ blocked for more than \d+ seconds"),
         StorageStall,
     ),
     # Lustre client: "LustreError: ... lost connection" / "Connection to fs-OST0003 ... was lost"

@@ -47,6 +47,9 @@ class Command(BaseCommand):
                         f"demo upload refused: {response.status_code} {response.content!r}"
                     )
                 sent += 1
+            for host, text in scenario.host_logs.items():
+                self._send(client, key, text.encode(), f"{host}-dmesg.log", host, scenario)
+                sent += 1
         AgentKey.objects.filter(name="demo agent").update(revoked=True)
         password = secrets.token_urlsafe(9)
         account, _ = get_user_model().objects.get_or_create(username=user)
@@ -55,3 +58,17 @@ class Command(BaseCommand):
         account.save()
         self.stdout.write(f"Demo fleet: {sent} artifacts uploaded.")
         self.stdout.write(f"Log in at http://127.0.0.1:8000/ as {user} / {password}")
+
+    def _send(self, client, key, body, name, host, scenario):
+        response = client.post(
+            "/api/v1/uploads",
+            {
+                "file": SimpleUploadedFile(name, body),
+                "host": host,
+                "job": scenario.job,
+                "attempt": scenario.attempt,
+            },
+            HTTP_AUTHORIZATION=f"Bearer {key}",
+        )
+        if response.status_code != 202:
+            raise CommandError(f"demo upload refused: {response.status_code} {response.content!r}")
