@@ -13,6 +13,7 @@ from analysis.classify import IncidentContext, Verdict, classify
 from analysis.models import Incident
 from fleet.models import Attempt
 from ingest.models import Event, Upload
+from ingest.parsers import parse_log
 from ingest.parsers.events import event_from_row
 
 # Events read per incident at most: a pathological log cannot make classification unbounded.
@@ -39,12 +40,25 @@ def attempt_events(attempt: Attempt):
             yield event
 
 
+def attempt_config_events(attempt: Attempt):
+    """What the agent or scheduler reported of the job's settings, as the parsers would read
+    them from a log (so the same canonical keys reach the rules)."""
+    lines = [f"{key}={value}" for key, value in sorted(attempt.config.items())]
+    lines += [f"{key} version: {value}" for key, value in sorted(attempt.versions.items())]
+    if not lines:
+        return ()
+    text = "\n".join(lines) + "\n"
+    return parse_log(text.encode(), source="attempt report").events
+
+
 def attempt_context(attempt: Attempt) -> IncidentContext:
     rank_hosts = {p.rank: p.host.hostname for p in attempt.placements.select_related("host").all()}
     uploaded = frozenset(
         r for r in attempt.uploads.exclude(rank=None).values_list("rank", flat=True)
     )
-    return IncidentContext(rank_hosts=rank_hosts, ranks_uploaded=uploaded)
+    return IncidentContext(
+        world_size=attempt.world_size, rank_hosts=rank_hosts, ranks_uploaded=uploaded
+    )
 
 
 def attempt_settled(attempt: Attempt, now) -> bool:
@@ -69,7 +83,8 @@ def incident_classify(attempt: Attempt, now=None) -> Incident | None:
 
     Returns the incident, or None when the artifacts show no failure."""
     now = now or timezone.now()
-    verdict: Verdict = classify(attempt_events(attempt), attempt_context(attempt))
+    events = [*attempt_config_events(attempt), *attempt_events(attempt)]
+    verdict: Verdict = classify(events, attempt_context(attempt))
     if not verdict.failed:
         return Incident.objects.filter(attempt=attempt).first()
     fields = {

@@ -40,14 +40,14 @@ def rank_of_file(path: Path, events) -> int | None:
 
 def diagnose(paths: list[str]):
     from analysis.classify import IncidentContext, classify
-    from ingest.parsers import parse_log
+    from ingest.parsers import parse_artifact
 
     events = []
     ranks: set[int] = set()
     read = 0
     for path in iter_files(paths):
         with path.open("rb") as stream:
-            result = parse_log(stream, source=str(path))
+            result = parse_artifact(stream, source=str(path))
         events.extend(result.events)
         rank = rank_of_file(path, result.events)
         if rank is not None:
@@ -102,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     diag = sub.add_parser(
         "diagnose", help="name the culprit of one incident from the files it left behind"
     )
-    diag.add_argument("paths", nargs="+", help="log files or directories (.gz read as well)")
+    diag.add_argument(
+        "paths",
+        nargs="+",
+        help="logs, Flight Recorder dumps, profiler traces, hardware stats, or directories of "
+        "them (.gz read as well)",
+    )
     diag.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
 

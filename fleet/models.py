@@ -69,6 +69,12 @@ class Attempt(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
+    world_size = models.PositiveIntegerField(null=True, blank=True)
+    # What the job ran with, as agents and schedulers report it: NCCL_*/TORCH_* variables,
+    # parallelism degrees, data loader settings; and software versions (torch, nccl, cuda,
+    # driver). Fleet memory contrasts these between failed and healthy attempts.
+    config = models.JSONField(default=dict, blank=True)
+    versions = models.JSONField(default=dict, blank=True)
     # Set when an upload of this attempt finished parsing; classification waits for it to settle.
     last_parsed_at = models.DateTimeField(null=True, blank=True)
     # Claimed by the classify task (conditional update) so two workers never classify at once.

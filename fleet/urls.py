@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from analysis.api.views import IncidentViewSet
-from fleet.api.views import HostViewSet, JobViewSet
+from fleet.api.views import AttemptReportView, HostViewSet, JobViewSet
 from ingest.api.views import UploadViewSet
 
 router = DefaultRouter(trailing_slash=False)
@@ -13,7 +13,10 @@ router.register("hosts", HostViewSet)
 router.register("jobs", JobViewSet)
 router.register("uploads", UploadViewSet)
 
-api_v1 = [path("", include(router.urls))]
+api_v1 = [
+    path("attempts", AttemptReportView.as_view(), name="attempt-report"),
+    path("", include(router.urls)),
+]
 
 urlpatterns = [
     path("api/v1/", include(api_v1)),

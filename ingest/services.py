@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from fleet.models import Attempt, Host, Job, RankPlacement
 from ingest.models import AgentKey, Event, Upload
-from ingest.parsers import parse_log
+from ingest.parsers import parse_artifact
 from ingest.parsers.detect import detect_kind, is_gzip, looks_binary
 from ingest.parsers.events import MAX_EVENT_TEXT
 
@@ -171,15 +171,11 @@ def upload_parse(upload_id: int) -> None:
     if not _claim(upload_id):
         return
     upload = Upload.objects.select_related("attempt").get(pk=upload_id)
-    if upload.kind != Upload.Kind.LOG:
-        # Dumps, traces and hardware stats are kept for the parsers that read them.
-        Upload.objects.filter(pk=upload_id).update(
-            status=Upload.Status.PARSED, parsed_at=timezone.now(), event_count=0
-        )
-        return
     try:
         with upload.blob.open("rb") as stream:
-            result = parse_log(stream, source=upload.filename or f"upload-{upload.pk}")
+            result = parse_artifact(
+                stream, kind=upload.kind, source=upload.filename or f"upload-{upload.pk}"
+            )
     except OSError as exc:
         Upload.objects.filter(pk=upload_id).update(
             status=Upload.Status.FAILED, error=f"artifact unreadable: {exc}"[:2000]

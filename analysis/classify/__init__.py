@@ -4,11 +4,12 @@ No Django here (tests/test_layering.py); the server's classify task and ``fleetw
 call the same ``classify``.
 """
 
-from .engine import classify
+from .engine import ALL_RULES, classify
 from .model import CULPRITS, Alternative, Evidence, IncidentContext, Suspect, Verdict
 from .rules import RULES, RULESET_VERSION
 
 __all__ = [
+    "ALL_RULES",
     "CULPRITS",
     "RULES",
     "RULESET_VERSION",

@@ -10,9 +10,13 @@ from collections.abc import Iterable
 
 from ingest.parsers.events import Event
 
+from .crossrank import CROSSRANK_RULES
 from .facts import DEFAULT_PG, Facts, gather
+from .hardware import HARDWARE_RULES
 from .model import Alternative, Evidence, IncidentContext, Suspect, Verdict
 from .rules import NAME_THRESHOLD, RULES, RULESET_VERSION, Match
+
+ALL_RULES = RULES + CROSSRANK_RULES + HARDWARE_RULES
 
 MAX_EVIDENCE = 40
 
@@ -97,7 +101,7 @@ def _describe_timeouts(facts: Facts) -> str:
 def classify(events: Iterable[Event], context: IncidentContext | None = None) -> Verdict:
     facts = gather(events, context or IncidentContext())
     matches: list[Match] = []
-    for rule in RULES:
+    for rule in ALL_RULES:
         match = rule.evaluate(facts)
         if match is not None:
             matches.append(match)
