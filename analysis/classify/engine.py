@@ -83,6 +83,11 @@ def progress_suspects(facts: Facts) -> tuple[list[Suspect], list[Evidence], str]
 
 def _describe_timeouts(facts: Facts) -> str:
     if not facts.timeouts:
+        if facts.of("watchdog_abort"):
+            return (
+                "a collective failed or timed out and the watchdog took the process down (the "
+                "WorkNCCL line itself is not in the artifacts)"
+            )
         return ""
     first = facts.timeouts[0]
     ops = sorted({t.op for t in facts.timeouts if t.op})

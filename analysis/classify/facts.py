@@ -86,7 +86,7 @@ class Facts:
 
     @property
     def failed(self) -> bool:
-        return bool(self.timeouts)
+        return bool(self.timeouts) or bool(self.of("watchdog_abort"))
 
     @property
     def timed_out_ranks(self) -> set[int]:

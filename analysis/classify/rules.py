@@ -17,7 +17,7 @@ from ingest.parsers.events import Event
 from .facts import Facts
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.1"
+RULESET_VERSION = "2026.11.2"
 NAME_THRESHOLD = 0.5
 
 
@@ -232,6 +232,26 @@ def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
     return None
 
 
+def _first_barrier_timed_out(f: Facts) -> Match | None:
+    """Every rank timed out in one of the job's very first collectives, a barrier-sized one:
+    some rank was still busy with start-up work (preprocessing, downloading, loading weights)
+    when the others reached it. Only when no crash, hardware or network error explains it."""
+    if not f.timeouts or f.has_crash_or_hardware() or f.of("nccl_connect_failed"):
+        return None
+    early = [t for t in f.timeouts if t.seq is not None and t.seq <= 5]
+    small = [t for t in early if t.numel_in is not None and 0 < t.numel_in <= 16]
+    if len(early) != len(f.timeouts) or not small:
+        return None
+    return Match(
+        confidence=0.5,
+        summary=(
+            f"the first collectives (SeqNum ≤ {max(t.seq for t in early)}, {small[0].op} of "
+            f"{small[0].numel_in} element) timed out: a rank was still busy with start-up work"
+        ),
+        evidence=cite(early, "first_barrier"),
+    )
+
+
 def _rank_left_early(f: Facts) -> Match | None:
     silent = f.silent_ranks()
     if not silent or not f.timeouts or f.has_crash_or_hardware():
@@ -428,6 +448,18 @@ RULES: tuple[Rule, ...] = (
         "`main_process_first()` with a longer window), and raise the timeout for that phase: "
         "`ddp_timeout` / init_process_group(timeout=timedelta(hours=2)).",
         _preprocessing_outlasted_timeout,
+    ),
+    Rule(
+        "first_barrier_timed_out",
+        "Every rank timed out in a barrier-sized collective at the very start of the job",
+        ("watchdog_timeout",),
+        "timeout_too_short",
+        0.5,
+        "Do start-up work before the process group's clock runs: preprocess/tokenize offline or "
+        "cache it, download weights ahead of time, or raise the timeout for start-up "
+        "(init_process_group(timeout=timedelta(hours=2)), HF `ddp_timeout`, Megatron "
+        "`--distributed-timeout-minutes`).",
+        _first_barrier_timed_out,
     ),
     Rule(
         "dataloader_oversubscribed",

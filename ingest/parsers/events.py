@@ -141,7 +141,22 @@ class CollectiveMismatch(Event):
     shape_b: str = ""
 
 
-for _cls in (DumpSignal, HeartbeatTimeout, CollectiveStack, DesyncReport, CollectiveMismatch):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchdogAbort(Event):
+    """The watchdog took the process down after a failed or timed-out collective, seen from its
+    abort message or the C++ frame of its timeout check (the timeout line may be missing)."""
+
+    kind: ClassVar[str] = "watchdog_abort"
+
+
+for _cls in (
+    WatchdogAbort,
+    DumpSignal,
+    HeartbeatTimeout,
+    CollectiveStack,
+    DesyncReport,
+    CollectiveMismatch,
+):
     register(_cls)
 
 

@@ -18,6 +18,7 @@ from .events import (
     DumpSignal,
     Event,
     HeartbeatTimeout,
+    WatchdogAbort,
     WatchdogTimeout,
     WorkProgress,
 )
@@ -267,6 +268,13 @@ class PytorchParser:
                     shape_b=m.group("sb") or "",
                 )
             )
+            return out
+        if "Some NCCL operations have failed or timed out" in text or (
+            "WorkNCCL::checkTimeout" in text
+        ):
+            # The watchdog's abort message (all eras) and the C++ frame of its timeout check:
+            # the collective failed even when the WorkNCCL(...) line itself was not kept.
+            out.append(WatchdogAbort(line=line.number, text=line.text, rank=pre.rank))
         return out
 
     def flush(self) -> list[Event]:
