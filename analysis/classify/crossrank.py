@@ -1,7 +1,636 @@
-"""Rules that read cross-rank evidence: Flight Recorder dumps and profiler trace summaries."""
+"""Rules that read cross-rank evidence: Flight Recorder dumps and profiler trace summaries.
+
+Every rank's dump is parsed on its own into ``fr_frontier`` / ``fr_collective`` events and every
+trace into a ``trace_summary``; what only all ranks together show is computed here:
+
+  - ``fr_analyze``: process groups and members, each group's frontier on each rank, ranks missing
+    from a collective, op / size / dtype mismatches at the same seq, and ranks with no dump. It
+    reads events one at a time and keeps only what the parsers already bounded (the entries near
+    each frontier), so memory does not grow with the entries of the dumps.
+  - ``slow_rank``: from trace summaries, the rank the others wait for (it spends the least time
+    in collectives and its own time grows), and what it did instead (data loading, I/O).
+
+The rules then name the culprit class from those findings.
+"""
 
 from __future__ import annotations
 
-from .rules import Rule
+import statistics
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-CROSSRANK_RULES: tuple[Rule, ...] = ()
+from ingest.parsers.events import Event
+
+from .facts import Facts
+from .model import Evidence, Suspect
+from .rules import Match, Rule
+
+# A rank spends less than this share of its steps in collectives while the others' median is at
+# least twice as high: the others are waiting for it.
+WAIT_RATIO = 0.5
+GROWTH = 1.5  # last third of the step series over the first third: "step time grows"
+
+
+def _expand(text: str) -> list[int]:
+    from ingest.parsers.flight_recorder import expand_ranks
+
+    try:
+        return expand_ranks(text)
+    except ValueError:
+        return []
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    text = ", ".join(map(str, ranks[:8]))
+    return text + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+# --- Flight Recorder ---------------------------------------------------------------------------
+
+
+@dataclass
+class FrGroup:
+    pg: str
+    desc: str
+    members: list[int]
+    frontiers: dict[int, Event] = field(default_factory=dict)  # rank -> FrFrontier
+    entries: dict[int, dict[int, Event]] = field(default_factory=dict)  # rank -> seq -> entry
+
+    @property
+    def dumped(self) -> set[int]:
+        return set(self.frontiers)
+
+    def enqueued(self) -> dict[int, int]:
+        return {
+            r: f.last_enqueued for r, f in self.frontiers.items() if f.last_enqueued is not None
+        }
+
+
+@dataclass
+class FrFinding:
+    kind: str  # "mismatch" | "missing" | "not_started"
+    pg: str
+    desc: str
+    seq: int
+    culprits: list[int]
+    detail: str
+    ran_more_steps: bool = False
+    evidence: list[Event] = field(default_factory=list)
+
+
+@dataclass
+class FrAnalysis:
+    groups: dict[tuple[str, str], FrGroup]
+    findings: list[FrFinding]
+    no_dump: dict[str, list[int]]  # pg -> member ranks without a dump
+
+    @property
+    def culprits(self) -> list[int]:
+        return self.findings[0].culprits if self.findings else []
+
+
+def _signature(entry) -> tuple:
+    return (entry.op, entry.input_sizes, entry.output_sizes, entry.input_dtypes)
+
+
+def fr_analyze(events: Iterable[Event]) -> FrAnalysis:
+    """Cross-rank analysis of Flight Recorder events from any number of separately parsed dumps."""
+    groups: dict[tuple[str, str], FrGroup] = {}
+    pending: list[Event] = []
+    for event in events:
+        if event.rank is None:
+            continue
+        if event.kind == "fr_frontier":
+            key = (event.pg, event.members)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = FrGroup(event.pg, event.pg_desc, _expand(event.members))
+            group.frontiers[event.rank] = event
+        elif event.kind == "fr_collective" and not event.is_p2p and event.seq is not None:
+            pending.append(event)
+    by_rank_pg = {(r, g.pg): g for g in groups.values() for r in g.frontiers}
+    for entry in pending:
+        group = by_rank_pg.get((entry.rank, entry.pg))
+        if group is not None:
+            group.entries.setdefault(entry.rank, {})[entry.seq] = entry
+    findings: list[FrFinding] = []
+    no_dump: dict[str, list[int]] = {}
+    for group in groups.values():
+        missing_dumps = sorted(set(group.members) - group.dumped)
+        if missing_dumps:
+            no_dump[group.pg] = missing_dumps
+        finding = _mismatch(group) or _missing(group, missing_dumps) or _not_started(group)
+        if finding:
+            findings.append(finding)
+    # The default group's answer first: it is the one every rank shares.
+    findings.sort(key=lambda f: (f.desc != "default_pg", f.pg != "0", f.seq))
+    return FrAnalysis(groups, findings, no_dump)
+
+
+def _mismatch(group: FrGroup) -> FrFinding | None:
+    seqs = sorted({s for entries in group.entries.values() for s in entries})
+    for seq in seqs:
+        at = {r: e[seq] for r, e in group.entries.items() if seq in e}
+        if len(at) < 2:
+            continue
+        votes = Counter(_signature(e) for e in at.values())
+        if len(votes) < 2:
+            continue
+        (top, top_n), (_, second_n) = votes.most_common(2)
+        if top_n == second_n:
+            # No majority (two ranks, or an even split): every side is a suspect.
+            culprits = sorted(at)
+        else:
+            culprits = sorted(r for r, e in at.items() if _signature(e) != top)
+        majority = next(e for e in at.values() if _signature(e) == top)
+        odd = at[culprits[0]]
+        if odd.op != majority.op:
+            what = f"{odd.op} while the others ran {majority.op}"
+        elif odd.input_sizes != majority.input_sizes or odd.output_sizes != majority.output_sizes:
+            what = (
+                f"{odd.op} of size {odd.input_sizes} while the others used {majority.input_sizes}"
+            )
+        else:
+            what = (
+                f"{odd.op} with dtype {'/'.join(odd.input_dtypes)} while the others used "
+                f"{'/'.join(majority.input_dtypes)}"
+            )
+        majority_ranks = [r for r, e in at.items() if _signature(e) == top]
+        ran_more = (
+            top_n != second_n
+            and _repeats_step(group, culprits[0], seq, odd)
+            and not _repeats_step(group, majority_ranks[0], seq, majority)
+        )
+        return FrFinding(
+            kind="mismatch",
+            pg=group.pg,
+            desc=group.desc,
+            seq=seq,
+            culprits=culprits,
+            detail=f"at collective seq {seq} of process group {group.pg} rank "
+            f"{_ranks(culprits)} ran {what}",
+            ran_more_steps=ran_more,
+            evidence=[at[r] for r in culprits[:4]] + [majority],
+        )
+    return None
+
+
+def _repeats_step(group: FrGroup, rank: int, seq: int, odd) -> bool:
+    """The rank's op at ``seq`` is one it ran a few collectives earlier: a loop op. When the odd
+    rank repeats a loop op while the majority's op is new (save, eval), the odd rank is still in
+    the loop: it ran more steps. When both are loop ops, a rank skipped or reordered one."""
+    entries = group.entries.get(rank, {})
+    for period in range(1, 9):
+        before = entries.get(seq - period)
+        if before is not None and _signature(before) == _signature(odd):
+            return True
+    return False
+
+
+def _missing(group: FrGroup, missing_dumps: list[int]) -> FrFinding | None:
+    enq = group.enqueued()
+    if len(enq) >= 2 and len(set(enq.values())) > 1:
+        low, top = min(enq.values()), max(enq.values())
+        culprits = sorted(r for r, v in enq.items() if v == low)
+        ahead = sorted(r for r, v in enq.items() if v > low)
+        entry = None
+        for rank in ahead:
+            entry = group.entries.get(rank, {}).get(low + 1)
+            if entry is not None:
+                break
+        op = f" ({entry.op})" if entry is not None else ""
+        return FrFinding(
+            kind="missing",
+            pg=group.pg,
+            desc=group.desc,
+            seq=low + 1,
+            culprits=culprits,
+            detail=f"rank {_ranks(culprits)} never joined collective seq {low + 1}{op} of process "
+            f"group {group.pg}: its last enqueued is {low} while rank {_ranks(ahead)} reached "
+            f"{top}",
+            evidence=[group.frontiers[r] for r in culprits[:4]]
+            + ([entry] if entry is not None else []),
+        )
+    if missing_dumps and enq:
+        # Everyone who dumped is at the same point: the ranks without a dump never arrived.
+        top = max(enq.values())
+        return FrFinding(
+            kind="missing",
+            pg=group.pg,
+            desc=group.desc,
+            seq=top,
+            culprits=missing_dumps,
+            detail=f"every rank that dumped reached seq {top} of process group {group.pg}; rank "
+            f"{_ranks(missing_dumps)} left no dump",
+            evidence=list(group.frontiers.values())[:2],
+        )
+    return None
+
+
+def _not_started(group: FrGroup) -> FrFinding | None:
+    """All ranks enqueued the same seq, but some never started it (NCCL states)."""
+    tracked = {r: f for r, f in group.frontiers.items() if f.tracks_state}
+    started = {r: f.last_started for r, f in tracked.items() if f.last_started is not None}
+    if len(started) < 2 or len(set(started.values())) < 2:
+        return None
+    low = min(started.values())
+    culprits = sorted(r for r, v in started.items() if v == low)
+    return FrFinding(
+        kind="not_started",
+        pg=group.pg,
+        desc=group.desc,
+        seq=low + 1,
+        culprits=culprits,
+        detail=f"rank {_ranks(culprits)} never started collective seq {low + 1} of process group "
+        f"{group.pg} that the others started",
+        evidence=[group.frontiers[r] for r in culprits[:4]],
+    )
+
+
+# --- profiler traces ---------------------------------------------------------------------------
+
+
+@dataclass
+class SlowRank:
+    rank: int
+    summary: Event  # its TraceSummary
+    why: str
+    dataloader_share: float
+    io_share: float
+    own_growth: float  # last third / first third of (step - comm) time
+
+
+def _thirds(values: list[float]) -> float:
+    if len(values) < 3:
+        return 1.0
+    k = max(1, len(values) // 3)
+    first, last = statistics.fmean(values[:k]), statistics.fmean(values[-k:])
+    return last / first if first > 0 else 1.0
+
+
+def _own_ms(summary) -> list[float]:
+    comm = list(summary.comm_ms_per_step) or [0.0] * len(summary.step_ms)
+    return [max(0.0, s - c) for s, c in zip(summary.step_ms, comm, strict=False)]
+
+
+def _share(summary, series: tuple[float, ...]) -> float:
+    total = sum(summary.step_ms)
+    return sum(series) / total if total else 0.0
+
+
+def slow_rank(summaries: list) -> SlowRank | None:
+    """The rank the others wait for: the least time in collectives while the others' median is
+    at least twice its share. Needs two or more ranks' traces with steps."""
+    by_rank = {s.rank: s for s in summaries if s.rank is not None and s.step_ms}
+    if len(by_rank) < 2:
+        return None
+    # The first step carries warm-up and rendezvous: leave it out of the shares.
+    waits = {
+        r: (sum(s.comm_ms_per_step[1:]) / sum(s.step_ms[1:]) if sum(s.step_ms[1:]) else 0.0)
+        for r, s in by_rank.items()
+    }
+    rank = min(waits, key=waits.get)
+    others = [w for r, w in waits.items() if r != rank]
+    if not others or statistics.median(others) <= 0:
+        return None
+    if waits[rank] > WAIT_RATIO * statistics.median(others):
+        return None
+    summary = by_rank[rank]
+    why = (
+        f"spends {waits[rank]:.0%} of its steps in collectives while the other ranks spend "
+        f"{statistics.median(others):.0%} waiting in them"
+    )
+    return SlowRank(
+        rank=rank,
+        summary=summary,
+        why=why,
+        dataloader_share=_share(summary, summary.dataloader_ms_per_step),
+        io_share=_share(summary, summary.io_ms_per_step),
+        own_growth=_thirds(_own_ms(summary)),
+    )
+
+
+def _trace_evidence(summary, signal: str, text: str) -> Evidence:
+    return Evidence(summary.source, summary.line, signal, text[:500])
+
+
+def _fr_evidence(events: Iterable[Event], signal: str) -> list[Evidence]:
+    out = []
+    for event in events:
+        frames = getattr(event, "frames", ())
+        text = event.text + (f" | at {frames[0]}" if frames else "")
+        out.append(Evidence(event.source, event.line, signal, text[:500]))
+    return out
+
+
+# --- the facts every cross-rank rule reads, computed once per Facts ------------------------------
+
+
+@dataclass
+class CrossRank:
+    fr: FrAnalysis | None
+    slow: SlowRank | None
+    traces: list
+
+
+def cross_rank(f: Facts) -> CrossRank:
+    # Computed once per incident and kept on the facts, as Facts.of keeps its index.
+    cached = getattr(f, "_crossrank", None)
+    if cached is not None:
+        return cached
+    fr_events = f.of("fr_frontier") + f.of("fr_collective")
+    fr = fr_analyze(fr_events) if fr_events else None
+    traces = f.of("trace_summary")
+    result = CrossRank(fr=fr, slow=slow_rank(traces) if traces else None, traces=traces)
+    f._crossrank = result
+    return result
+
+
+def _first_finding(f: Facts, *kinds: str) -> FrFinding | None:
+    fr = cross_rank(f).fr
+    if fr is None:
+        return None
+    return next((x for x in fr.findings if x.kind in kinds), None)
+
+
+def _missing_note(f: Facts) -> str:
+    fr = cross_rank(f).fr
+    if fr is None or not fr.no_dump:
+        return ""
+    parts = [f"group {pg}: rank {_ranks(r)}" for pg, r in sorted(fr.no_dump.items())]
+    return " (no Flight Recorder dump from " + "; ".join(parts) + ")"
+
+
+def _suspects(ranks: list[int], why: str, f: Facts) -> tuple[Suspect, ...]:
+    out = []
+    for rank in ranks[:16]:
+        out.append(Suspect("rank", str(rank), why))
+        host = f.context.rank_hosts.get(rank)
+        if host:
+            out.append(Suspect("host", host, f"runs rank {rank}"))
+    return tuple(out)
+
+
+def _laggard(f: Facts) -> tuple[list[int], FrFinding | None]:
+    """The rank(s) the others wait for: the FR missing rank, else the trace's slow rank."""
+    finding = _first_finding(f, "missing", "not_started")
+    if finding is not None:
+        return finding.culprits, finding
+    slow = cross_rank(f).slow
+    return ([slow.rank] if slow else []), None
+
+
+# --- predicates ----------------------------------------------------------------------------------
+
+
+def _ran_more_steps(f: Facts) -> Match | None:
+    finding = _first_finding(f, "mismatch")
+    if finding is None or not finding.ran_more_steps:
+        return None
+    evidence = _fr_evidence(finding.evidence, "fr_desync")
+    steps = {s.rank: s.steps for s in cross_rank(f).traces if s.rank is not None}
+    if len(set(steps.values())) > 1:
+        most = max(steps.values())
+        for s in cross_rank(f).traces:
+            if s.steps == most:
+                evidence.append(
+                    _trace_evidence(s, "step_count", f"rank {s.rank} profiled {s.steps} steps")
+                )
+    return Match(
+        summary=(
+            f"{finding.detail}: rank {_ranks(finding.culprits)} was still running the training "
+            "step's collective after the others had left the loop — it ran more steps, as when "
+            "ranks split the data with different random states"
+        ),
+        evidence=tuple(evidence),
+        suspects=_suspects(finding.culprits, "ran more steps than the other ranks", f),
+    )
+
+
+def _collective_mismatch(f: Facts) -> Match | None:
+    finding = _first_finding(f, "mismatch")
+    if finding is None or finding.ran_more_steps:
+        return None
+    return Match(
+        summary=f"ranks issued different collectives: {finding.detail}" + _missing_note(f),
+        evidence=tuple(_fr_evidence(finding.evidence, "fr_mismatch")),
+        suspects=_suspects(finding.culprits, f"ran a different collective at seq {finding.seq}", f),
+    )
+
+
+def _xid_for(f: Facts, ranks: list[int]) -> list[Event]:
+    xids = [e for e in f.of("gpu_xid") if e.primary] + f.of("gpu_off_bus")
+    hosts = {f.context.rank_hosts.get(r) for r in ranks} - {None}
+    linked = [
+        e
+        for e in xids
+        if e.rank in ranks or any(h and (h in e.source or h in e.text) for h in hosts)
+    ]
+    return linked
+
+
+def _missing_rank_hardware(f: Facts) -> Match | None:
+    ranks, finding = _laggard(f)
+    if finding is None:
+        return None
+    xids = _xid_for(f, ranks)
+    if not xids:
+        return None
+    return Match(
+        summary=f"{finding.detail}; its GPU reported a hardware fault ({xids[0].text[:120]})",
+        evidence=tuple(_fr_evidence(finding.evidence, "fr_missing_rank"))
+        + tuple(Evidence(e.source, e.line, "gpu_xid", e.text[:500]) for e in xids[:4]),
+        suspects=_suspects(ranks, "never joined the collective; its GPU failed", f),
+    )
+
+
+def _slow_rank_io(f: Facts) -> Match | None:
+    ranks, finding = _laggard(f)
+    slow = cross_rank(f).slow
+    if not ranks or slow is None or slow.rank not in ranks or _xid_for(f, ranks):
+        return None
+    s = slow.summary
+    io_growth = _thirds(list(s.io_ms_per_step))
+    io_like = slow.io_share >= 0.1 or (s.io_us > 0 and io_growth >= GROWTH)
+    logging_rank = slow.rank == 0 and slow.own_growth >= GROWTH and slow.dataloader_share < 0.1
+    if not (io_like or logging_rank):
+        return None
+    what = (
+        f"{slow.io_share:.0%} of its step time in file writes/fsync (growing {io_growth:.1f}x)"
+        if io_like
+        else "its own (non-communication) step time grows while it is the logging rank"
+    )
+    evidence = [
+        _trace_evidence(
+            s,
+            "step_time_growth",
+            f"rank {s.rank} step ms {_series(s.step_ms)}; own time grows {slow.own_growth:.1f}x; "
+            f"io ms/step {_series(s.io_ms_per_step)}",
+        )
+    ]
+    evidence += [
+        _trace_evidence(o, "waiting_in_collectives", o.text)
+        for o in cross_rank(f).traces
+        if o.rank != s.rank
+    ][:3]
+    if finding is not None:
+        evidence = _fr_evidence(finding.evidence, "fr_missing_rank") + evidence
+    return Match(
+        confidence=0.8 if io_like else 0.65,
+        summary=(
+            f"rank {slow.rank} is the rank the others wait for: it {slow.why}, with {what}"
+            + (f"; {finding.detail}" if finding else "")
+        ),
+        evidence=tuple(evidence),
+        suspects=_suspects([slow.rank], "slow on I/O (synchronous log/checkpoint writes)", f),
+    )
+
+
+def _slow_rank_dataloader(f: Facts) -> Match | None:
+    ranks, finding = _laggard(f)
+    slow = cross_rank(f).slow
+    if not ranks or slow is None or slow.rank not in ranks or slow.dataloader_share < 0.25:
+        return None
+    s = slow.summary
+    evidence = [
+        _trace_evidence(
+            s,
+            "dataloader_wait",
+            f"rank {s.rank} waits {slow.dataloader_share:.0%} of its step time in DataLoader "
+            f"__next__ (ms/step {_series(s.dataloader_ms_per_step)})",
+        )
+    ]
+    if finding is not None:
+        evidence = _fr_evidence(finding.evidence, "fr_missing_rank") + evidence
+    return Match(
+        summary=(
+            f"rank {slow.rank} is the rank the others wait for: it {slow.why}, and spends "
+            f"{slow.dataloader_share:.0%} of its steps waiting for the DataLoader"
+            + (f"; {finding.detail}" if finding else "")
+        ),
+        evidence=tuple(evidence),
+        suspects=_suspects([slow.rank], "waits on its DataLoader", f),
+    )
+
+
+def _series(values: tuple[float, ...]) -> str:
+    shown = [f"{v:.0f}" for v in values[:12]]
+    return " ".join(shown) + (" …" if len(values) > 12 else "")
+
+
+def _rank_missing(f: Facts) -> Match | None:
+    """A rank never joined and nothing says why: name it, let the verdict stay unknown."""
+    finding = _first_finding(f, "missing", "not_started")
+    if finding is None:
+        return None
+    return Match(
+        summary=finding.detail + _missing_note(f),
+        evidence=tuple(_fr_evidence(finding.evidence, "fr_missing_rank")),
+        suspects=_suspects(finding.culprits, "never joined the collective the others wait in", f),
+    )
+
+
+def _straggler(f: Facts) -> Match | None:
+    slow = cross_rank(f).slow
+    if slow is None:
+        return None
+    return Match(
+        summary=f"rank {slow.rank} is a straggler on every profiled step: it {slow.why}",
+        evidence=(_trace_evidence(slow.summary, "straggler", slow.summary.text),),
+        suspects=_suspects([slow.rank], "straggler", f),
+    )
+
+
+_SEED_FIX = (
+    "Give every rank the same number of steps: seed the dataset split "
+    "(`train_test_split(..., seed=42)`, `random_split(..., generator=torch.Generator()"
+    ".manual_seed(42))`) and seed numpy/random before it, or shard with DistributedSampler and "
+    "drop_last=True; torch.distributed.algorithms.Join handles truly uneven inputs."
+)
+
+CROSSRANK_RULES: tuple[Rule, ...] = (
+    Rule(
+        "fr_missing_rank_hardware",
+        "A rank never joined the collective (Flight Recorder) and its GPU reported an Xid",
+        ("fr_frontier", "gpu_xid", "gpu_off_bus"),
+        "bad_node_hardware",
+        0.92,
+        "Drain the host of the missing rank and run GPU diagnostics (`dcgmi diag -r 3`, "
+        "`nvidia-smi -q` for retired pages / row remaps); rerun the job without that host.",
+        _missing_rank_hardware,
+        marks_failure=True,
+    ),
+    Rule(
+        "fr_rank_ran_more_steps",
+        "At one seq a rank still ran the step's collective while the others had moved on",
+        ("fr_collective", "trace_summary"),
+        "rank_desync_code",
+        0.88,
+        _SEED_FIX,
+        _ran_more_steps,
+        marks_failure=True,
+    ),
+    Rule(
+        "fr_collective_mismatch",
+        "Flight Recorder shows ranks in different collectives (op, size or dtype) at one seq",
+        ("fr_collective",),
+        "rank_desync_code",
+        0.85,
+        "Make every rank issue the same collectives in the same order: move collectives out of "
+        "rank- or data-dependent branches (`if rank == 0:`, `if step % k == 0` on a per-rank "
+        "counter, early `continue`), and give them the same shapes and dtypes on every rank.",
+        _collective_mismatch,
+        marks_failure=True,
+    ),
+    Rule(
+        "slow_rank_storage_io",
+        "The rank the others wait for spends growing time writing files (logs, checkpoints)",
+        ("trace_summary", "fr_frontier"),
+        "storage_io",
+        0.8,
+        "Move logging and checkpoint writes off the training loop's critical path: write to "
+        "fast local storage or tmpfs, log asynchronously (a background thread/queue, "
+        "SummaryWriter with flush_secs) and less often, and avoid fsync per step; raise the "
+        "collective timeout only as a stopgap.",
+        _slow_rank_io,
+        marks_failure=True,
+    ),
+    Rule(
+        "slow_rank_dataloader",
+        "The rank the others wait for spends its steps waiting on its DataLoader",
+        ("trace_summary", "fr_frontier"),
+        "dataloader_cpu",
+        0.75,
+        "Speed up that rank's input pipeline: more DataLoader workers (within num_workers × "
+        "GPUs ≤ cores), pin_memory, persistent_workers=True, prefetch; check its data shard "
+        "(slow storage, larger samples) and the host's CPU load.",
+        _slow_rank_dataloader,
+        marks_failure=True,
+    ),
+    Rule(
+        "fr_rank_missing",
+        "A rank never joined a collective the others wait in; nothing shows why",
+        ("fr_frontier",),
+        "unknown",
+        0.5,
+        "Look at what the named rank was doing: its stack (py-spy dump --pid, or the Flight "
+        "Recorder frames above), its host's kernel log and hardware stats. Upload its log and "
+        "its host's stats so the cause can be named.",
+        _rank_missing,
+        marks_failure=True,
+    ),
+    Rule(
+        "straggler_rank",
+        "One rank is the last into collectives on every profiled step (traces)",
+        ("trace_summary",),
+        "bad_node_hardware",
+        0.4,
+        "Compare the straggler's host with its peers (clocks, throttling, CPU load, noisy "
+        "neighbours); if it recurs on the same host across jobs, drain it.",
+        _straggler,
+    ),
+)
+
+__all__ = ["CROSSRANK_RULES", "FrAnalysis", "FrFinding", "fr_analyze", "slow_rank"]

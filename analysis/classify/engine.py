@@ -13,7 +13,7 @@ from ingest.parsers.events import Event
 from .crossrank import CROSSRANK_RULES
 from .facts import DEFAULT_PG, Facts, gather
 from .hardware import HARDWARE_RULES
-from .model import Alternative, Evidence, IncidentContext, Suspect, Verdict
+from .model import Alternative, Evidence, IncidentContext, RuleMatch, Suspect, Verdict
 from .rules import NAME_THRESHOLD, RULES, RULESET_VERSION, Match
 
 ALL_RULES = RULES + CROSSRANK_RULES + HARDWARE_RULES
@@ -115,7 +115,12 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
         evidence.append(_evidence(timeout, "watchdog_timeout"))
     ranked = sorted(matches, key=lambda m: -m.confidence)
     # Only a match at or above the threshold may name the culprit; weaker ones are alternatives.
-    named = [m for m in ranked if m.confidence >= NAME_THRESHOLD]
+    # A rule whose class is "unknown" adds suspects and evidence but never names a culprit.
+    named = [m for m in ranked if m.confidence >= NAME_THRESHOLD and m.rule.culprit != "unknown"]
+    for m in ranked:
+        if m.rule.culprit == "unknown":
+            suspects = list(m.suspects) + suspects
+            evidence = list(m.evidence) + evidence
     summary = "; ".join(p for p in (_describe_timeouts(facts), progress_note) if p)
     if named:
         best = named[0]
@@ -167,6 +172,7 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
         alternatives=alternatives,
         rule_ids=tuple(m.rule.id for m in matches),
         ruleset_version=RULESET_VERSION,
+        matches=tuple(RuleMatch(m.rule.id, m.rule.culprit, round(m.confidence, 2)) for m in ranked),
     )
 
 

@@ -80,7 +80,8 @@ def event_from_row(
     if cls is None:
         return None
     names = {f.name for f in dataclasses.fields(cls)}
-    known = {k: v for k, v in attrs.items() if k in names}
+    # JSON storage turns tuples into lists; events are frozen and hashable again after this.
+    known = {k: _frozen(v) for k, v in attrs.items() if k in names}
     return cls(line=line, text=text, rank=rank, source=source, **known)
 
 
@@ -490,3 +491,9 @@ for _cls in (
     ProgressBar,
 ):
     register(_cls)
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
