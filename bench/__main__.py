@@ -10,7 +10,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import diagnosis
+from . import agent as agent_bench
+from . import crossrank, diagnosis
 from .report import machine, markdown
 
 MIB = 1 << 20
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             say=say,
         )
+        result["scenarios"] += crossrank.run(Path(workdir), quick=args.quick, say=say)
+        result["scenarios"] += agent_bench.run(Path(workdir), quick=args.quick, say=say)
     elapsed = time.perf_counter() - started
     report = {
         "run": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -97,8 +97,15 @@ def to_json(verdict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "probe":
+        # The collective health probe lives with the agent (torch.distributed, no Django).
+        from agents.probe import main as probe_main
+
+        return probe_main(argv[1:])
     parser = argparse.ArgumentParser(prog="fleetwatch", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("probe", help="collective health probe across a job's ranks (see --help)")
     diag = sub.add_parser(
         "diagnose", help="name the culprit of one incident from the files it left behind"
     )

@@ -1,0 +1,122 @@
+"""``fleetwatch-agent``: the node agent.
+
+fleetwatch-agent run [--config FILE]          follow, spool and upload until SIGTERM
+fleetwatch-agent once [--config FILE]         one collection pass, then upload what it can
+fleetwatch-agent report-attempt --job J --event start|end [--status S] [--rank N …]
+fleetwatch-agent status                       what the spool holds and has dropped
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+
+from . import records
+from .agent import Agent
+from .config import ConfigError, load_config
+from .identity import job_identity
+from .readers import lower_priority
+from .spool import Spool
+
+
+def _report_attempt(config, args) -> int:
+    import os
+
+    ident = job_identity(os.environ, config.host)
+    report = {
+        "job": args.job or ident.job,
+        "attempt": args.attempt if args.attempt is not None else ident.attempt,
+        "event": args.event,
+        "host": config.host,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if args.status:
+        report["status"] = args.status
+    if args.rank:
+        report["ranks"] = args.rank
+    if args.world_size:
+        report["world_size"] = args.world_size
+    if ident.job_name:
+        report["job_name"] = ident.job_name
+    spool = Spool(config.spool_dir, max_bytes=config.spool_max_bytes)
+    spool.put(records.attempt_header(), records.encode(report))
+    # Try now; if the server is away the running agent sends it later.
+    agent = Agent(config)
+    agent.uploader.drain(budget_s=10)
+    print(json.dumps(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fleetwatch-agent", description=__doc__)
+    parser.add_argument("--config", help="TOML or INI file (else FLEETWATCH_CONFIG)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="follow, spool and upload until SIGTERM")
+    sub.add_parser("once", help="one collection pass and upload")
+    sub.add_parser("status", help="spool usage and losses, as JSON")
+    report = sub.add_parser("report-attempt", help="mark an attempt start or end")
+    report.add_argument("--job", help="job id (else from the scheduler environment)")
+    report.add_argument("--attempt", type=int)
+    report.add_argument("--event", choices=["start", "end"], required=True)
+    report.add_argument("--status", choices=["succeeded", "failed", "unknown"])
+    report.add_argument("--rank", type=int, action="append", help="a rank on this host")
+    report.add_argument("--world-size", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s fleetwatch-agent %(levelname)s %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"fleetwatch-agent: {exc}", file=sys.stderr)
+        return 2
+
+    if args.command == "report-attempt":
+        if args.event == "end" and not args.status:
+            parser.error("--event end needs --status")
+        return _report_attempt(config, args)
+    if args.command == "status":
+        spool = Spool(config.spool_dir, max_bytes=config.spool_max_bytes)
+        items, size = spool.usage()
+        state = spool.state()
+        print(
+            json.dumps(
+                {
+                    "items": items,
+                    "bytes": size,
+                    "dropped_items": state.dropped_items,
+                    "dropped_bytes": state.dropped_bytes,
+                    "rejected": state.extra.get("rejected", 0),
+                }
+            )
+        )
+        return 0
+
+    applied = lower_priority(config.nice, config.io_idle)
+    agent = Agent(config)
+    logging.getLogger("fleetwatch.agent").info(
+        "agent up: host %s, server %s, spool %s (%s)",
+        config.host,
+        config.server or "(none: spooling only)",
+        config.spool_dir,
+        ", ".join(applied) or "default priority",
+    )
+    if args.command == "once":
+        return 0 if agent.flush(timeout_s=30) else 1
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    agent.run(stop)
+    agent.flush(timeout_s=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
