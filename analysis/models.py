@@ -28,7 +28,11 @@ class Incident(models.Model):
     suspects = models.JSONField(default=list)
     alternatives = models.JSONField(default=list)
     rule_ids = models.JSONField(default=list)
+    matches = models.JSONField(default=list)  # every rule that matched: rule_id, culprit, conf.
     ruleset_version = models.CharField(max_length=32, blank=True)
+    # Incidents with the same cause (culprit + implicated entity + rule) share a fingerprint,
+    # so a page or a report can say "the 7th time".
+    fingerprint = models.CharField(max_length=64, blank=True, db_index=True)
     opened_at = models.DateTimeField(default=timezone.now)
     classified_at = models.DateTimeField(null=True, blank=True)
 
@@ -41,3 +45,108 @@ class Incident(models.Model):
 
     def __str__(self) -> str:
         return f"incident {self.pk} ({self.culprit}) on {self.job_id}"
+
+
+class Entity(models.Model):
+    """Something an incident can implicate and that recurs across jobs: a host, a GPU, a NIC,
+    a rack, a storage mount, a config value, a software version, a job family."""
+
+    class Kind(models.TextChoices):
+        HOST = "host"
+        GPU = "gpu"
+        NIC = "nic"
+        RACK = "rack"
+        MOUNT = "mount"
+        CONFIG = "config"
+        VERSION = "version"
+        JOB_FAMILY = "job_family"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    key = models.CharField(max_length=255)  # "gpu-a01", "gpu-a01/0000:3b:00", "nccl=2.20.3"
+    first_seen = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["kind", "key"]
+        constraints = [models.UniqueConstraint(fields=["kind", "key"], name="entity_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.key}"
+
+
+class Exposure(models.Model):
+    """An attempt ran on or with an entity — failed or healthy. The denominator of recurrence."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="exposures")
+    entity = models.ForeignKey(Entity, on_delete=models.CASCADE, related_name="exposures")
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "entity"], name="exposure_unique")
+        ]
+        indexes = [models.Index(fields=["entity", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.attempt_id} ran with {self.entity_id}"
+
+
+class Implication(models.Model):
+    """An incident's verdict points at an entity, through a rule, with a reason."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="implications")
+    entity = models.ForeignKey(Entity, on_delete=models.CASCADE, related_name="implications")
+    culprit = models.CharField(max_length=32)
+    rule_id = models.CharField(max_length=64)
+    confidence = models.FloatField()
+    why = models.TextField(blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["incident", "entity", "rule_id"], name="implication_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["entity", "at"])]
+
+    def __str__(self) -> str:
+        return f"incident {self.incident_id} implicates {self.entity_id} ({self.culprit})"
+
+
+class CulpritScore(models.Model):
+    """The recurrence verdict on one entity, recomputed by fleet_correlate."""
+
+    entity = models.OneToOneField(Entity, on_delete=models.CASCADE, related_name="score")
+    culprit = models.CharField(max_length=32)
+    score = models.FloatField()  # -log10 of the chance of so many implications by luck
+    flagged = models.BooleanField(default=False)
+    implicated = models.FloatField()  # decayed count of incidents implicating the entity
+    exposed = models.FloatField()  # decayed count of attempts that ran on or with it
+    baseline = models.FloatField()  # fleet rate for entities of this kind
+    explanation = models.TextField()
+    incidents = models.JSONField(default=list)  # ids, newest first
+    first_flagged_at = models.DateTimeField(null=True, blank=True)
+    incidents_when_flagged = models.PositiveIntegerField(null=True, blank=True)
+    computed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-flagged", "-score"]
+        indexes = [models.Index(fields=["flagged", "score"])]
+
+    def __str__(self) -> str:
+        return f"{self.entity_id}: {self.score}"
+
+
+class HostRepair(models.Model):
+    """An operator marked a host repaired: its health starts afresh; history is kept."""
+
+    host = models.ForeignKey("fleet.Host", on_delete=models.CASCADE, related_name="repairs")
+    at = models.DateTimeField(default=timezone.now)
+    note = models.TextField(blank=True)
+    by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.host_id} repaired at {self.at:%Y-%m-%d %H:%M}"

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from analysis import memory
 from analysis.classify import IncidentContext, Verdict, classify
 from analysis.models import Incident
 from fleet.models import Attempt
@@ -97,15 +98,33 @@ def incident_classify(attempt: Attempt, now=None) -> Incident | None:
         "suspects": [vars_(s) for s in verdict.suspects],
         "alternatives": [vars_(a) for a in verdict.alternatives],
         "rule_ids": list(verdict.rule_ids),
+        "matches": [vars_(m) for m in verdict.matches],
         "ruleset_version": verdict.ruleset_version,
         "classified_at": now,
     }
     with transaction.atomic():
+        # An incident opens when the attempt failed, if an agent or scheduler said when.
+        opened = min(now, attempt.ended_at) if attempt.ended_at else now
         incident, _ = Incident.objects.update_or_create(
-            attempt=attempt, defaults=fields, create_defaults={**fields, "opened_at": now}
+            attempt=attempt, defaults=fields, create_defaults={**fields, "opened_at": opened}
         )
         Attempt.objects.filter(pk=attempt.pk).update(status=Attempt.Status.FAILED)
+        memory.exposures_record(attempt)
+        memory.incident_implicate(incident, attempt)
+        transaction.on_commit(fleet_correlate_soon)
     return incident
+
+
+def fleet_correlate_soon() -> None:
+    """Recompute recurrence scores shortly, at most once per FLEETWATCH_CORRELATE_SECONDS
+    however many incidents arrive (the beat schedule also runs it periodically)."""
+    from django.core.cache import cache
+
+    from analysis.tasks import fleet_correlate
+
+    delay = settings.FLEETWATCH_CORRELATE_SECONDS
+    if delay and cache.add("fleetwatch:correlate-pending", 1, timeout=delay):
+        fleet_correlate.apply_async(countdown=delay)
 
 
 def vars_(item) -> dict:

@@ -22,3 +22,11 @@ def attempt_classify(attempt_id: int) -> None:
     if not services.attempt_claim_for_classify(attempt_id, now):
         return
     services.incident_classify(attempt, now)
+
+
+@shared_task(autoretry_for=(OperationalError,), retry_backoff=True, max_retries=5)
+def fleet_correlate() -> None:
+    """Recompute recurrence scores for the whole fleet (periodic, and soon after incidents)."""
+    from analysis import memory
+
+    memory.fleet_correlate()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import agent as agent_bench
 from . import crossrank, diagnosis
+from . import fleet as fleet_bench
 from .report import machine, markdown
 
 MIB = 1 << 20
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         result["scenarios"] += crossrank.run(Path(workdir), quick=args.quick, say=say)
         result["scenarios"] += agent_bench.run(Path(workdir), quick=args.quick, say=say)
+        result["scenarios"] += fleet_bench.run(Path(workdir), quick=args.quick, say=say)
     elapsed = time.perf_counter() - started
     report = {
         "run": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -34,6 +34,7 @@ def attempt_report(
     world_size: int | None = None,
     job_name: str = "",
     gpu_model: str = "",
+    rack: str = "",
     config: dict | None = None,
     versions: dict | None = None,
 ) -> Attempt:
@@ -61,10 +62,16 @@ def attempt_report(
     attempt.save()
     if hostname:
         host, _ = Host.objects.get_or_create(hostname=hostname)
+        if rack and not host.rack:
+            Host.objects.filter(pk=host.pk).update(rack=rack)
         updates = {"last_seen": timezone.now()}
         if gpu_model and not host.gpu_model:
             updates["gpu_model"] = gpu_model
         Host.objects.filter(pk=host.pk).update(**updates)
         for rank in ranks or []:
             RankPlacement.objects.get_or_create(attempt=attempt, rank=rank, defaults={"host": host})
+    # What this attempt runs on and with: the denominator fleet memory compares failures to.
+    from analysis.memory import exposures_record
+
+    exposures_record(attempt)
     return attempt

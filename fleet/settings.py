@@ -183,6 +183,15 @@ FLEETWATCH_SETTLE_SECONDS = env_float(
     "FLEETWATCH_SETTLE_SECONDS", 0.0 if CELERY_TASK_ALWAYS_EAGER else 10.0, minimum=0.0
 )
 
+# --- Fleet memory ----------------------------------------------------------------------------
+# Days of incidents and attempts that recurrence scores read (older evidence also decays).
+FLEETWATCH_MEMORY_DAYS = env_int("FLEETWATCH_MEMORY_DAYS", 7, minimum=1)
+# Recompute scores at most this often after incidents arrive; beat also runs it periodically.
+FLEETWATCH_CORRELATE_SECONDS = env_int("FLEETWATCH_CORRELATE_SECONDS", 60, minimum=0)
+CELERY_BEAT_SCHEDULE = {
+    "fleet-correlate": {"task": "analysis.tasks.fleet_correlate", "schedule": 300.0},
+}
+
 # --- REST framework --------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

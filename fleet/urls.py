@@ -3,7 +3,12 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from analysis.api.views import IncidentViewSet
+from analysis.api.views import (
+    CulpritScoreViewSet,
+    HostHealthView,
+    HostRepairedView,
+    IncidentViewSet,
+)
 from fleet.api.views import AttemptReportView, HostViewSet, JobViewSet
 from ingest.api.views import UploadViewSet
 
@@ -12,9 +17,12 @@ router.register("incidents", IncidentViewSet)
 router.register("hosts", HostViewSet)
 router.register("jobs", JobViewSet)
 router.register("uploads", UploadViewSet)
+router.register("culprits", CulpritScoreViewSet)
 
 api_v1 = [
     path("attempts", AttemptReportView.as_view(), name="attempt-report"),
+    path("hosts/<str:hostname>/health", HostHealthView.as_view(), name="host-health"),
+    path("hosts/<str:hostname>/repaired", HostRepairedView.as_view(), name="host-repaired"),
     path("", include(router.urls)),
 ]
 
@@ -24,5 +32,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("", include("fleet.ops_urls")),
     path("", include("fleet.ui_urls")),
 ]

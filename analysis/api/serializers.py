@@ -7,6 +7,7 @@ class IncidentSerializer(serializers.ModelSerializer):
     job = serializers.SlugRelatedField(slug_field="external_id", read_only=True)
     attempt = serializers.IntegerField(source="attempt.number", read_only=True)
     hosts = serializers.SerializerMethodField()
+    occurrence = serializers.SerializerMethodField()
 
     class Meta:
         model = Incident
@@ -25,9 +26,64 @@ class IncidentSerializer(serializers.ModelSerializer):
             "rule_ids",
             "ruleset_version",
             "hosts",
+            "fingerprint",
+            "occurrence",
             "opened_at",
             "classified_at",
         ]
 
+    def get_occurrence(self, incident) -> int:
+        """How many incidents so far share this one's cause ("the 7th time")."""
+        counts = self.context.get("fingerprint_counts")
+        if counts is not None and incident.fingerprint:
+            # In lists: how many incidents share the cause in all (one query per page).
+            return counts.get(incident.fingerprint, 1)
+        return (
+            Incident.objects.filter(
+                fingerprint=incident.fingerprint, opened_at__lte=incident.opened_at
+            ).count()
+            if incident.fingerprint
+            else 1
+        )
+
     def get_hosts(self, incident) -> list[str]:
         return sorted({u.host.hostname for u in incident.attempt.uploads.all()})
+
+
+class HostHealthSerializer(serializers.Serializer):
+    hostname = serializers.CharField()
+    verdict = serializers.ChoiceField(choices=["ok", "watch", "drain"])
+    score = serializers.FloatField()
+    reasons = serializers.ListField(child=serializers.CharField())
+    incidents = serializers.ListField(child=serializers.IntegerField())
+    since = serializers.DateTimeField(allow_null=True)
+
+
+class HostRepairSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+
+class CulpritScoreSerializer(serializers.ModelSerializer):
+    kind = serializers.CharField(source="entity.kind")
+    key = serializers.CharField(source="entity.key")
+
+    class Meta:
+        from analysis.models import CulpritScore
+
+        model = CulpritScore
+        fields = [
+            "id",
+            "kind",
+            "key",
+            "culprit",
+            "score",
+            "flagged",
+            "implicated",
+            "exposed",
+            "baseline",
+            "explanation",
+            "incidents",
+            "first_flagged_at",
+            "incidents_when_flagged",
+            "computed_at",
+        ]

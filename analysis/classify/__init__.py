@@ -5,7 +5,15 @@ call the same ``classify``.
 """
 
 from .engine import ALL_RULES, classify
-from .model import CULPRITS, Alternative, Evidence, IncidentContext, Suspect, Verdict
+from .model import (
+    CULPRITS,
+    Alternative,
+    Evidence,
+    IncidentContext,
+    RuleMatch,
+    Suspect,
+    Verdict,
+)
 from .rules import RULES, RULESET_VERSION
 
 __all__ = [
@@ -16,6 +24,7 @@ __all__ = [
     "Alternative",
     "Evidence",
     "IncidentContext",
+    "RuleMatch",
     "Suspect",
     "Verdict",
     "classify",

@@ -42,6 +42,16 @@ class Alternative:
 
 
 @dataclass(frozen=True, slots=True)
+class RuleMatch:
+    """One rule that matched, named or not: fleet memory counts weak signs too, because
+    recurrence is what turns a weak sign into a culprit."""
+
+    rule_id: str
+    culprit: str
+    confidence: float
+
+
+@dataclass(frozen=True, slots=True)
 class IncidentContext:
     """What the server (or the CLI) knows beyond the events themselves."""
 
@@ -62,9 +72,10 @@ class Verdict:
     alternatives: tuple[Alternative, ...] = ()
     rule_ids: tuple[str, ...] = ()
     ruleset_version: str = ""
+    matches: tuple[RuleMatch, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("suspects", "evidence", "alternatives", "rule_ids"):
+        for key in ("suspects", "evidence", "alternatives", "rule_ids", "matches"):
             out[key] = list(out[key])
         return out

@@ -34,6 +34,7 @@ class AttemptReportSerializer(serializers.Serializer):
     world_size = serializers.IntegerField(required=False, min_value=1, max_value=10_000_000)
     job_name = serializers.CharField(required=False, max_length=255, allow_blank=True)
     gpu_model = serializers.CharField(required=False, max_length=100, allow_blank=True)
+    rack = serializers.CharField(required=False, max_length=100, allow_blank=True)
     config = serializers.DictField(
         child=serializers.CharField(max_length=500, allow_blank=True), required=False
     )

@@ -51,6 +51,7 @@ class AttemptReportView(APIView):
             world_size=d.get("world_size"),
             job_name=d.get("job_name", ""),
             gpu_model=d.get("gpu_model", ""),
+            rack=d.get("rack", ""),
             config=d.get("config"),
             versions=d.get("versions"),
         )

@@ -8,9 +8,13 @@ import secrets
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management.base import BaseCommand, CommandError
-from django.test import Client
+from django.test import Client, override_settings
+from django.utils import timezone
 
+from analysis import memory
+from analysis.models import Incident
 from fleet.demo import demo_scenarios, healthy_log, rank_log
+from fleet.simulate import Simulator
 from ingest.models import AgentKey, Scope
 
 
@@ -19,9 +23,22 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--user", default="admin", help="login to create or reset")
+        parser.add_argument("--hosts", type=int, default=96, help="simulated fleet size")
+        parser.add_argument("--days", type=int, default=3, help="simulated days of history")
 
-    def handle(self, *args, user: str, **options):
+    def handle(self, *args, user: str, hosts: int, days: int, **options):
         _, key = AgentKey.objects.create_key(name="demo agent", scopes=[Scope.UPLOAD])
+        if not Incident.objects.exists():
+            # A realistic recent history from the fleet simulator (planted culprits and noise),
+            # then a few hand-made incidents of every common kind, all through the upload API.
+            self.stdout.write(f"Simulating {hosts} hosts over {days} days of jobs...")
+            sim = Simulator(hosts=hosts, days=days, seed=7, end=timezone.now())
+            with override_settings(FLEETWATCH_CORRELATE_SECONDS=0):
+                truth = sim.run(key, on_tick=lambda now: memory.fleet_correlate(now))
+            self.stdout.write(
+                f"  {truth.attempts} attempts, {truth.failures} failures; planted: "
+                + ", ".join(p.kind for p in truth.plants)
+            )
         # The same URL, authentication, validation and service path an agent's request takes.
         client = Client(HTTP_HOST="127.0.0.1")
         sent = 0
@@ -50,6 +67,7 @@ class Command(BaseCommand):
             for host, text in scenario.host_logs.items():
                 self._send(client, key, text.encode(), f"{host}-dmesg.log", host, scenario)
                 sent += 1
+        memory.fleet_correlate()
         AgentKey.objects.filter(name="demo agent").update(revoked=True)
         password = secrets.token_urlsafe(9)
         account, _ = get_user_model().objects.get_or_create(username=user)

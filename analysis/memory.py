@@ -1,0 +1,643 @@
+"""Fleet memory: link each incident to the entities its verdict implicates, record what every
+attempt ran on, and score entities whose implications recur more than chance allows.
+
+Writes (``*_record``, ``incident_implicate``, ``fleet_correlate``, ``host_repaired``) and the
+reads that compose them (``host_health``, ``config_contrast``) live here because they share one
+vocabulary of entities; the statistics themselves are pure (analysis.classify.recurrence).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from analysis.classify.recurrence import (
+    FLAG_SCORE,
+    assess,
+    decay,
+    fisher_greater,
+    job_family,
+)
+from analysis.models import CulpritScore, Entity, Exposure, HostRepair, Implication, Incident
+from fleet.models import Attempt, Host
+from ingest.models import Event
+
+# Config keys whose values are worth contrasting between failed and healthy attempts.
+CONTRAST_KEYS = (
+    "pipeline_parallel",
+    "tensor_parallel",
+    "data_parallel",
+    "num_workers",
+    "prefetch",
+    "prefetch_factor",
+    "nnodes",
+    "nproc_per_node",
+    "sequence_parallel",
+)
+# Verdict rules -> how they implicate entities; (kind, how, culprit override).
+HARDWARE_KINDS = ("gpu_xid", "gpu_off_bus", "gpu_unreachable", "pcie_aer", "cuda_error")
+CONFIG_UNRELATED = ("bad_node_hardware", "network_transport", "storage_io", "rank_desync_code")
+NETWORK_KINDS = ("nccl_ib_error", "nccl_ib_call_failed", "nccl_connect_failed")
+SOCKET_KINDS = ("nccl_network", "nccl_ib_unavailable")
+
+
+def window_days() -> int:
+    return getattr(settings, "FLEETWATCH_MEMORY_DAYS", 7)
+
+
+def _entity(kind: str, key: str, cache: dict) -> Entity:
+    k = (kind, key[:255])
+    if k not in cache:
+        cache[k], _ = Entity.objects.get_or_create(kind=kind, key=key[:255])
+    return cache[k]
+
+
+def _canonical_config(attempt: Attempt) -> dict[str, str]:
+    """The attempt's reported settings under canonical keys (same names as the log parser's)."""
+    from analysis.services import attempt_config_events
+
+    out: dict[str, str] = {}
+    for event in attempt_config_events(attempt):
+        key = getattr(event, "key", "")
+        if key:
+            out[key] = event.value
+    return out
+
+
+def attempt_entities(attempt: Attempt) -> list[tuple[str, str]]:
+    """What an attempt ran on or with — for failed and healthy attempts alike."""
+    hosts = set(attempt.placements.values_list("host__hostname", flat=True))
+    hosts |= set(attempt.uploads.values_list("host__hostname", flat=True))
+    found: list[tuple[str, str]] = [("host", h) for h in sorted(hosts)]
+    racks = Host.objects.filter(hostname__in=hosts).exclude(rack="").values_list("rack", flat=True)
+    found += [("rack", r) for r in sorted(set(racks))]
+    config = _canonical_config(attempt)
+    found += [("config", f"{k}={config[k]}") for k in CONTRAST_KEYS if k in config]
+    found += [("version", f"{k}={v}") for k, v in sorted(attempt.versions.items())]
+    family = job_family(attempt.job.name or attempt.job.external_id)
+    found.append(("job_family", family))
+    return found
+
+
+def exposures_record(attempt: Attempt) -> None:
+    cache: dict = {}
+    rows = [
+        Exposure(attempt=attempt, entity=_entity(kind, key, cache), at=attempt.started_at)
+        for kind, key in attempt_entities(attempt)
+    ]
+    Exposure.objects.bulk_create(rows, ignore_conflicts=True)
+
+
+@dataclass
+class _Links:
+    rows: list[tuple[str, str, str, str, float, str]] = field(default_factory=list)
+
+    def add(self, kind, key, culprit, rule_id, confidence, why):
+        if key:
+            self.rows.append((kind, key, culprit, rule_id, confidence, why))
+
+
+def _event_hosts(attempt: Attempt, kinds: tuple[str, ...]):
+    return Event.objects.filter(attempt=attempt, kind__in=kinds).values_list(
+        "kind", "attrs", "upload__host__hostname", "rank"
+    )
+
+
+def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication]:
+    """Turn the verdict (every matched rule, named or weak) into implicated entities."""
+    matches = {m["rule_id"]: m for m in incident.matches}
+    links = _Links()
+    rank_hosts = dict(attempt.placements.values_list("rank", "host__hostname"))
+    family = job_family(attempt.job.name or attempt.job.external_id)
+    config = _canonical_config(attempt)
+
+    def conf(rule_id: str) -> float:
+        return matches[rule_id]["confidence"]
+
+    if "gpu_hardware_fault" in matches:
+        for kind, attrs, host, _rank in _event_hosts(attempt, HARDWARE_KINDS):
+            pci = attrs.get("pci") or attrs.get("device") or ""
+            why = f"{kind.replace('_', ' ')} {attrs.get('code') or ''}".strip()
+            links.add(
+                "host",
+                host,
+                "bad_node_hardware",
+                "gpu_hardware_fault",
+                conf("gpu_hardware_fault"),
+                why,
+            )
+            if pci:
+                links.add(
+                    "gpu",
+                    f"{host}/{pci}",
+                    "bad_node_hardware",
+                    "gpu_hardware_fault",
+                    conf("gpu_hardware_fault"),
+                    why,
+                )
+    if "network_errors" in matches:
+        for _kind, attrs, host, _rank in _event_hosts(attempt, NETWORK_KINDS):
+            where = attrs.get("host") or host
+            links.add(
+                "host",
+                where,
+                "network_transport",
+                "network_errors",
+                conf("network_errors"),
+                "reported NCCL network errors",
+            )
+            hca = (
+                (attrs.get("detail") or "").split("hca ")[-1].split()[0]
+                if "hca " in (attrs.get("detail") or "")
+                else ""
+            )
+            if hca:
+                links.add(
+                    "nic",
+                    f"{where}/{hca}",
+                    "network_transport",
+                    "network_errors",
+                    conf("network_errors"),
+                    "IB errors on this HCA",
+                )
+    if "socket_transport_multinode" in matches:
+        hosts = {
+            attrs.get("host") or h
+            for kind, attrs, h, _r in _event_hosts(attempt, SOCKET_KINDS)
+            if kind == "nccl_ib_unavailable" or attrs.get("network", "").lower() == "socket"
+        }
+        racks = Host.objects.filter(hostname__in=hosts).values_list("hostname", "rack")
+        for host, rack in racks:
+            links.add(
+                "rack" if rack else "host",
+                rack or host,
+                "network_transport",
+                "socket_transport_multinode",
+                conf("socket_transport_multinode"),
+                "NCCL fell back to sockets here",
+            )
+    if "storage_stall" in matches:
+        stalls = list(_event_hosts(attempt, ("storage_stall",)))
+        named_mount = any(attrs.get("mount") for _k, attrs, _h, _r in stalls)
+        for _kind, attrs, host, _rank in stalls:
+            mount = attrs.get("mount") or ""
+            if not mount and named_mount:
+                continue  # a hung task beside a stalled mount is the mount's doing
+            if mount:
+                links.add(
+                    "mount",
+                    mount,
+                    "storage_io",
+                    "storage_stall",
+                    conf("storage_stall"),
+                    f"{attrs.get('signature', 'stall')} on {host}",
+                )
+            else:
+                # A hung task without a named mount: the host's own disks are the suspect.
+                links.add(
+                    "host",
+                    host,
+                    "storage_io",
+                    "storage_stall",
+                    conf("storage_stall"),
+                    "storage stalled on this host",
+                )
+    for rule_id in ("p2p_schedule_desync", "dataloader_oversubscribed"):
+        if rule_id in matches:
+            keys = (
+                ("pipeline_parallel",)
+                if rule_id.startswith("p2p")
+                else ("num_workers", "prefetch", "prefetch_factor")
+            )
+            for key in keys:
+                if key in config:
+                    links.add(
+                        "config",
+                        f"{key}={config[key]}",
+                        matches[rule_id]["culprit"],
+                        rule_id,
+                        conf(rule_id),
+                        "setting in the failing job",
+                    )
+    for rule_id in (
+        "rank_left_early",
+        "collective_mismatch",
+        "first_barrier_timed_out",
+        "preprocessing_outlasted_timeout",
+        "rank_crashed_first",
+    ):
+        if rule_id in matches:
+            links.add(
+                "job_family",
+                family,
+                matches[rule_id]["culprit"],
+                rule_id,
+                conf(rule_id),
+                "this job family's code path",
+            )
+    for rule_id in ("known_library_bug", "old_communication_stack"):
+        if rule_id in matches:
+            for key, value in attempt.versions.items():
+                links.add(
+                    "version",
+                    f"{key}={value}",
+                    "software_version",
+                    rule_id,
+                    conf(rule_id),
+                    "version in the failing job",
+                )
+    # The ranks the others waited for: a host that keeps holding them up is a bad node, even
+    # when no single incident can say why.
+    # When another entity explains why the others waited, the lagging rank's host is not the
+    # suspect; only unexplained (or hardware) verdicts implicate it.
+    explained = incident.culprit not in ("unknown", "bad_node_hardware")
+    for suspect in [] if explained else incident.suspects:
+        host = suspect["id"] if suspect["kind"] == "host" else None
+        if suspect["kind"] == "rank" and suspect["id"].isdigit():
+            host = rank_hosts.get(int(suspect["id"]))
+        if host:
+            links.add(
+                "host",
+                host,
+                "bad_node_hardware",
+                "lagging_rank",
+                0.3,
+                "ran the rank the others waited for",
+            )
+
+    cache: dict = {}
+    rows = []
+    seen = set()
+    for kind, key, culprit, rule_id, confidence, why in links.rows:
+        entity = _entity(kind, key, cache)
+        if (entity.pk, rule_id) in seen:
+            continue
+        seen.add((entity.pk, rule_id))
+        rows.append(
+            Implication(
+                incident=incident,
+                entity=entity,
+                culprit=culprit,
+                rule_id=rule_id,
+                confidence=confidence,
+                why=why[:500],
+                at=incident.opened_at,
+            )
+        )
+    with transaction.atomic():
+        Implication.objects.filter(incident=incident).delete()
+        Implication.objects.bulk_create(rows)
+        top = max(rows, key=lambda r: r.confidence, default=None)
+        fingerprint = incident_fingerprint(incident.culprit, top)
+        Incident.objects.filter(pk=incident.pk).update(fingerprint=fingerprint)
+    return rows
+
+
+def incident_fingerprint(culprit: str, top: Implication | None) -> str:
+    basis = f"{culprit}|{top.entity.kind}:{top.entity.key}|{top.rule_id}" if top else culprit
+    return hashlib.sha256(basis.encode()).hexdigest()[:16]
+
+
+ROLES = {
+    "lagging_rank": "ran the rank the others waited for",
+    "gpu_hardware_fault": "had a GPU hardware fault",
+    "network_errors": "reported network errors",
+    "socket_transport_multinode": "fell back to socket transport",
+    "storage_stall": "stalled storage",
+}
+
+
+def fleet_correlate(now: datetime | None = None) -> list[CulpritScore]:
+    """Recompute every entity's recurrence score over the memory window."""
+    now = now or timezone.now()
+    since = now - timedelta(days=window_days())
+    implications = (
+        Implication.objects.filter(at__gte=since, at__lte=now)
+        .select_related("entity", "incident")
+        .order_by("-at")
+    )
+    per_entity: dict[int, dict] = {}
+    for imp in implications:
+        entry = per_entity.setdefault(
+            imp.entity_id,
+            {
+                "entity": imp.entity,
+                "weight": defaultdict(float),
+                "incidents": {},
+                "rules": defaultdict(int),
+                "culprits": defaultdict(float),
+                "strongest": 0.0,
+            },
+        )
+        if imp.incident_id in entry["incidents"]:
+            continue
+        entry["incidents"][imp.incident_id] = imp.at
+        w = decay((now - imp.at).total_seconds())
+        entry["weight"]["all"] += w
+        entry["rules"][imp.rule_id] += 1
+        entry["culprits"][imp.culprit] += w * imp.confidence
+        entry["strongest"] = max(entry["strongest"], imp.confidence)
+    # Exposures: decayed attempts per entity, and totals per kind for the fleet baseline.
+    exposure_w: dict[int, float] = defaultdict(float)
+    kind_exposure: dict[str, float] = defaultdict(float)
+    # An attempt counts once it could have failed: it ended, or has run for half a day (agents
+    # do not always report a clean end).
+    settled = Q(attempt__ended_at__lte=now) | Q(
+        attempt__ended_at__isnull=True, at__lte=now - timedelta(hours=12)
+    )
+    exposures = Exposure.objects.filter(settled, at__gte=since, at__lte=now)
+    for entity_id, kind, at in exposures.values_list("entity_id", "entity__kind", "at"):
+        w = decay((now - at).total_seconds())
+        exposure_w[entity_id] += w
+        kind_exposure[kind] += w
+    kind_implicated: dict[str, float] = defaultdict(float)
+    for entry in per_entity.values():
+        kind_implicated[entry["entity"].kind] += entry["weight"]["all"]
+    # GPUs and NICs are exposed whenever their host is.
+    host_ids = dict(Entity.objects.filter(kind="host").values_list("key", "id"))
+
+    existing = {s.entity_id: s for s in CulpritScore.objects.all()}
+    out = []
+    for entity_id, entry in per_entity.items():
+        entity = entry["entity"]
+        exposed = exposure_w.get(entity_id, 0.0)
+        if entity.kind in ("gpu", "nic"):
+            exposed = exposure_w.get(host_ids.get(entity.key.split("/")[0]), 0.0)
+        if entity.kind == "mount":
+            # No attempt reports the mounts it writes to: judge a mount by the distinct jobs it
+            # stalled, the direct kernel evidence being strong on its own.
+            exposed = max(exposed, entry["weight"]["all"])
+        base_kind = "host" if entity.kind in ("gpu", "nic") else entity.kind
+        # The rest of the fleet, without this entity: its own failures must not raise the bar
+        # it is measured against.
+        own = entry["weight"]["all"] if base_kind == entity.kind else 0.0
+        own_exposed = exposed if base_kind == entity.kind else 0.0
+        rest_exposed = kind_exposure.get(base_kind, 0.0) - own_exposed
+        baseline = (
+            max(kind_implicated[base_kind] - own, 0.0) / rest_exposed if rest_exposed > 1 else 0.05
+        )
+        # With no failure elsewhere yet, assume one: a rate of zero would accuse anything.
+        baseline = max(baseline, 1.0 / max(rest_exposed, 20.0))
+        if entity.kind == "mount":
+            baseline = 0.05
+        culprit = max(entry["culprits"], key=entry["culprits"].get)
+        top_rule = max(entry["rules"], key=entry["rules"].get)
+        result = assess(
+            label=f"{entity.kind} {entity.key}",
+            role=ROLES.get(top_rule, f"implicated ({top_rule.replace('_', ' ')})"),
+            implicated=entry["weight"]["all"],
+            exposed=exposed,
+            incidents=len(entry["incidents"]),
+            baseline=min(baseline, 0.5),
+            window_days=window_days(),
+            strongest=entry["strongest"],
+        )
+        previous = existing.get(entity_id)
+        first_flagged = previous.first_flagged_at if previous else None
+        flagged_count = previous.incidents_when_flagged if previous else None
+        if result.flagged and first_flagged is None:
+            first_flagged, flagged_count = now, len(entry["incidents"])
+        score, _ = CulpritScore.objects.update_or_create(
+            entity=entity,
+            defaults={
+                "culprit": culprit,
+                "score": result.score,
+                "flagged": result.flagged,
+                "implicated": round(result.implicated, 3),
+                "exposed": round(result.exposed, 3),
+                "baseline": result.baseline,
+                "explanation": result.explanation,
+                "incidents": list(entry["incidents"])[:50],
+                "first_flagged_at": first_flagged,
+                "incidents_when_flagged": flagged_count,
+                "computed_at": now,
+            },
+        )
+        out.append(score)
+    # Entities with no implication left in the window are no longer accused.
+    CulpritScore.objects.exclude(entity_id__in=per_entity).update(flagged=False, score=0.0)
+    out.extend(config_contrast_record(now))
+    return out
+
+
+@dataclass(frozen=True)
+class Contrast:
+    gpu_model: str
+    setting: str
+    failed_with: int
+    total_with: int
+    failed_without: int
+    total_without: int
+    p_value: float
+
+    @property
+    def explanation(self) -> str:
+        rate_with = self.failed_with / self.total_with if self.total_with else 0
+        rate_without = self.failed_without / self.total_without if self.total_without else 0
+        return (
+            f"{self.setting} on {self.gpu_model or 'any GPU'}: {self.failed_with} of "
+            f"{self.total_with} attempts failed ({rate_with:.0%}) vs {rate_without:.0%} "
+            f"without it"
+        )
+
+
+def config_contrast(now: datetime | None = None, min_failed: int = 3) -> list[Contrast]:
+    """Config values and versions over-represented in failed attempts, per GPU model."""
+    now = now or timezone.now()
+    since = now - timedelta(days=window_days())
+    attempts = Attempt.objects.filter(
+        started_at__gte=since,
+        ended_at__lte=now,
+        status__in=[Attempt.Status.FAILED, Attempt.Status.SUCCEEDED],
+    )
+    model_of = {}
+    for attempt_id, model in Exposure.objects.filter(
+        attempt__in=attempts, entity__kind="host"
+    ).values_list("attempt_id", "entity__key"):
+        model_of.setdefault(attempt_id, set()).add(model)
+    host_models = dict(Host.objects.exclude(gpu_model="").values_list("hostname", "gpu_model"))
+    # Failures a config could explain: not those already pinned on a host, a rack, a mount or
+    # the job's own code path (a busy job family would otherwise make its settings look bad).
+    failed = set(
+        attempts.filter(status=Attempt.Status.FAILED)
+        .exclude(incident__culprit__in=CONFIG_UNRELATED)
+        .values_list("id", flat=True)
+    )
+    explained = set(
+        attempts.filter(incident__culprit__in=CONFIG_UNRELATED).values_list("id", flat=True)
+    )
+    settings_of: dict[int, set[str]] = defaultdict(set)
+    for attempt_id, kind, key in Exposure.objects.filter(
+        attempt__in=attempts, entity__kind__in=["config", "version"]
+    ).values_list("attempt_id", "entity__kind", "entity__key"):
+        settings_of[attempt_id].add(key if kind == "config" else f"version {key}")
+    by_model: dict[str, list[int]] = defaultdict(list)
+    for attempt_id, hosts in model_of.items():
+        if attempt_id in explained:
+            continue
+        models_seen = {host_models.get(h, "") for h in hosts} - {""}
+        for model in models_seen or {""}:
+            by_model[model].append(attempt_id)
+    found = []
+    for model, ids in by_model.items():
+        values = defaultdict(lambda: [0, 0])
+        for attempt_id in ids:
+            for setting in settings_of.get(attempt_id, ()):
+                values[setting][0] += attempt_id in failed
+                values[setting][1] += 1
+        total_failed = sum(1 for i in ids if i in failed)
+        for setting, (failed_with, total_with) in values.items():
+            failed_without = total_failed - failed_with
+            total_without = len(ids) - total_with
+            if failed_with < min_failed:
+                continue
+            p = fisher_greater(
+                failed_with,
+                total_with - failed_with,
+                failed_without,
+                total_without - failed_without,
+            )
+            rate_with = failed_with / total_with
+            rate_without = failed_without / total_without if total_without else 0.0
+            if p < 1e-3 and rate_with >= 3 * max(rate_without, 0.01):
+                found.append(
+                    Contrast(
+                        model, setting, failed_with, total_with, failed_without, total_without, p
+                    )
+                )
+    return sorted(found, key=lambda c: c.p_value)
+
+
+def config_contrast_record(now: datetime) -> list[CulpritScore]:
+    """Store contrast findings as scores on ``config`` entities qualified by GPU model."""
+    import math
+
+    out = []
+    cache: dict = {}
+    for c in config_contrast(now):
+        kind = "version" if c.setting.startswith("version ") else "config"
+        key = f"{c.setting.removeprefix('version ')} on {c.gpu_model or 'any GPU'}"
+        entity = _entity(kind, key, cache)
+        previous = CulpritScore.objects.filter(entity=entity).first()
+        first = previous.first_flagged_at if previous and previous.first_flagged_at else now
+        count = (
+            previous.incidents_when_flagged
+            if previous and previous.incidents_when_flagged
+            else c.failed_with
+        )
+        score, _ = CulpritScore.objects.update_or_create(
+            entity=entity,
+            defaults={
+                "culprit": "software_version" if kind == "version" else "parallelism_config",
+                "score": round(min(50.0, -math.log10(max(c.p_value, 1e-50))), 2),
+                "flagged": True,
+                "implicated": c.failed_with,
+                "exposed": c.total_with,
+                "baseline": c.failed_without / c.total_without if c.total_without else 0.0,
+                "explanation": c.explanation,
+                "incidents": [],
+                "first_flagged_at": first,
+                "incidents_when_flagged": count,
+                "computed_at": now,
+            },
+        )
+        out.append(score)
+    return out
+
+
+# --- host health ---------------------------------------------------------------------------
+
+DRAIN_SCORE = 6.0
+
+
+@dataclass(frozen=True)
+class HostHealth:
+    hostname: str
+    verdict: str  # ok | watch | drain
+    score: float
+    reasons: list[str]
+    incidents: list[int]
+    since: datetime | None  # last repair, when health started afresh
+
+
+def host_health(host: Host, now: datetime | None = None) -> HostHealth:
+    now = now or timezone.now()
+    repair = HostRepair.objects.filter(host=host).order_by("-at").first()
+    since = max(
+        now - timedelta(days=window_days()),
+        repair.at if repair else now - timedelta(days=window_days()),
+    )
+    implications = (
+        Implication.objects.filter(entity__kind__in=["host", "gpu", "nic"], at__gte=since)
+        .filter(entity__key__in=_host_keys(host))
+        .order_by("-at")
+    )
+    reasons: list[str] = []
+    incidents: list[int] = []
+    hardware = False
+    weight = 0.0
+    for imp in implications:
+        if imp.incident_id not in incidents:
+            incidents.append(imp.incident_id)
+        weight += decay((now - imp.at).total_seconds()) * imp.confidence
+        if imp.rule_id == "gpu_hardware_fault" and imp.confidence >= 0.8:
+            hardware = True
+            reason = f"GPU hardware fault ({imp.why}) in incident {imp.incident_id}"
+            if reason not in reasons:
+                reasons.append(reason)
+    score_row = CulpritScore.objects.filter(entity__kind="host", entity__key=host.hostname).first()
+    score = score_row.score if score_row and incidents else 0.0
+    if score_row and score_row.flagged and incidents:
+        reasons.append(score_row.explanation)
+    if hardware or (score_row and score_row.flagged and score >= DRAIN_SCORE and incidents):
+        verdict = "drain"
+    elif incidents and (weight >= 0.25 or (score_row and score_row.flagged)):
+        verdict = "watch"
+        if not reasons:
+            reasons.append(f"implicated in {len(incidents)} recent incident(s)")
+    else:
+        verdict = "ok"
+    if verdict == "ok" and incidents:
+        reasons.append(f"weakly implicated in {len(incidents)} incident(s); evidence decays")
+    return HostHealth(
+        host.hostname,
+        verdict,
+        round(score, 2),
+        reasons,
+        incidents[:50],
+        repair.at if repair else None,
+    )
+
+
+def _host_keys(host: Host) -> list[str]:
+    keys = [host.hostname]
+    keys += list(
+        Entity.objects.filter(
+            kind__in=["gpu", "nic"], key__startswith=f"{host.hostname}/"
+        ).values_list("key", flat=True)
+    )
+    return keys
+
+
+def host_repaired(host: Host, *, note: str = "", by: str = "") -> HostRepair:
+    return HostRepair.objects.create(host=host, note=note[:2000], by=by[:150])
+
+
+__all__ = [
+    "FLAG_SCORE",
+    "Contrast",
+    "HostHealth",
+    "config_contrast",
+    "exposures_record",
+    "fleet_correlate",
+    "host_health",
+    "host_repaired",
+    "incident_implicate",
+]

@@ -1,0 +1,3 @@
+"""Operations endpoints: scheduler API, drains, reports, metrics (see issue 8)."""
+
+urlpatterns: list = []
