@@ -165,8 +165,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_TEMP_DIR = env_str("FLEETWATCH_UPLOAD_TMP") or None
 
 # --- Celery ----------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
-CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
+CELERY_TASK_ALWAYS_EAGER = not env_str("CELERY_BROKER_URL")
+# Eager mode never touches a broker; naming the in-memory one keeps kombu from warning.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or "memory://"
 CELERY_TASK_EAGER_PROPAGATES = env_bool("CELERY_TASK_EAGER_PROPAGATES", False)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
@@ -227,3 +228,42 @@ if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
     CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
+
+# --- Operations (issue 8) --------------------------------------------------------------------
+# Drains: dry-run (default: audit what would run, run nothing) | slurm | kubernetes.
+FLEETWATCH_DRAIN = env_str("FLEETWATCH_DRAIN", "dry-run")
+if FLEETWATCH_DRAIN not in ("dry-run", "slurm", "kubernetes"):
+    raise ImproperlyConfigured(
+        f"FLEETWATCH_DRAIN={FLEETWATCH_DRAIN!r}: use dry-run, slurm or kubernetes"
+    )
+# Whose commands a dry run records.
+FLEETWATCH_DRAIN_PREVIEW = env_str("FLEETWATCH_DRAIN_PREVIEW", "slurm")
+if FLEETWATCH_DRAIN_PREVIEW not in ("slurm", "kubernetes"):
+    raise ImproperlyConfigured("FLEETWATCH_DRAIN_PREVIEW must be slurm or kubernetes")
+FLEETWATCH_SCONTROL = env_str("FLEETWATCH_SCONTROL", "scontrol")
+# Per-key rate limits by the scope an endpoint needs ("N/s|min|hour|day"; empty: unlimited).
+# Uploads burst when a large job fails (every rank at once), so their default is high.
+FLEETWATCH_RATE_LIMITS = {
+    "read": env_str("FLEETWATCH_RATE_LIMIT_READ", "600/min"),
+    "upload": env_str("FLEETWATCH_RATE_LIMIT_UPLOAD", "20000/min"),
+    "operate": env_str("FLEETWATCH_RATE_LIMIT_OPERATE", "60/min"),
+}
+REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = ["fleet.api.ops.AgentKeyThrottle"]
+# Weekly reliability report: who gets it, and the mail server (console backend by default).
+FLEETWATCH_REPORT_EMAILS = env_list("FLEETWATCH_REPORT_EMAILS", [])
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "fleetwatch@localhost")
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+FLEETWATCH_REPORT_PDF = env_bool("FLEETWATCH_REPORT_PDF", True)
+# Monday 06:00 UTC: the week before, complete.
+from celery.schedules import crontab  # noqa: E402
+CELERY_BEAT_SCHEDULE["weekly-report"] = {
+    "task": "analysis.tasks.weekly_report_build",
+    "schedule": crontab(minute=0, hour=6, day_of_week="mon"),
+}
+# Optional bearer token that /metrics asks for (empty: open, as scrape targets usually are).
+FLEETWATCH_METRICS_TOKEN = env_str("FLEETWATCH_METRICS_TOKEN")
