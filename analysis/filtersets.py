@@ -1,6 +1,30 @@
+from datetime import timedelta
+
 import django_filters
+from django import forms
 
 from analysis.models import Incident
+
+# PostgreSQL refuses UTC offsets beyond ±15:59 and Python accepts up to ±23:59; years before the
+# epoch mean a typo, not a query. Both are a 400, never a 500.
+MAX_OFFSET = timedelta(hours=14)
+
+
+class SaneDateTimeField(django_filters.fields.IsoDateTimeField):
+    def clean(self, value):
+        value = super().clean(value)
+        if value is None:
+            return value
+        offset = value.utcoffset()
+        if offset is not None and abs(offset) > MAX_OFFSET:
+            raise forms.ValidationError("UTC offset out of range (at most ±14:00)")
+        if not 1970 <= value.year <= 9000:
+            raise forms.ValidationError("year out of range (1970 to 9000)")
+        return value
+
+
+class SaneDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = SaneDateTimeField
 
 
 class IncidentFilterSet(django_filters.FilterSet):
@@ -8,8 +32,8 @@ class IncidentFilterSet(django_filters.FilterSet):
     host = django_filters.CharFilter(method="filter_host", label="hostname")
     culprit = django_filters.ChoiceFilter(choices=Incident.Culprit.choices)
     status = django_filters.ChoiceFilter(choices=Incident.Status.choices)
-    since = django_filters.IsoDateTimeFilter(field_name="opened_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="opened_at", lookup_expr="lt")
+    since = SaneDateTimeFilter(field_name="opened_at", lookup_expr="gte")
+    until = SaneDateTimeFilter(field_name="opened_at", lookup_expr="lt")
 
     class Meta:
         model = Incident

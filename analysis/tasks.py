@@ -30,3 +30,15 @@ def fleet_correlate() -> None:
     from analysis import memory
 
     memory.fleet_correlate()
+
+
+@shared_task(autoretry_for=(OperationalError,), retry_backoff=True, max_retries=5)
+def weekly_report_build(week: str = "") -> None:
+    """Beat, every Monday: the report for the week before. Never rebuilds a finished week."""
+    from analysis import report
+
+    week = week or report.previous_week(timezone.now())
+    try:
+        report.weekly_report_build(week, by="celery beat")
+    except report.ReportExists:
+        return

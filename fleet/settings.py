@@ -113,7 +113,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "incident-list"
+LOGIN_REDIRECT_URL = "overview"
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"
@@ -248,7 +248,7 @@ FLEETWATCH_RATE_LIMITS = {
     "upload": env_str("FLEETWATCH_RATE_LIMIT_UPLOAD", "20000/min"),
     "operate": env_str("FLEETWATCH_RATE_LIMIT_OPERATE", "60/min"),
 }
-REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = ["fleet.api.ops.AgentKeyThrottle"]
+REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = ["fleet.api.throttling.AgentKeyThrottle"]
 # Weekly reliability report: who gets it, and the mail server (console backend by default).
 FLEETWATCH_REPORT_EMAILS = env_list("FLEETWATCH_REPORT_EMAILS", [])
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "fleetwatch@localhost")
@@ -261,9 +261,16 @@ EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 FLEETWATCH_REPORT_PDF = env_bool("FLEETWATCH_REPORT_PDF", True)
 # Monday 06:00 UTC: the week before, complete.
 from celery.schedules import crontab  # noqa: E402
+
 CELERY_BEAT_SCHEDULE["weekly-report"] = {
     "task": "analysis.tasks.weekly_report_build",
     "schedule": crontab(minute=0, hour=6, day_of_week="mon"),
 }
 # Optional bearer token that /metrics asks for (empty: open, as scrape targets usually are).
 FLEETWATCH_METRICS_TOKEN = env_str("FLEETWATCH_METRICS_TOKEN")
+# WeasyPrint narrates every layout step at INFO.
+LOGGING["loggers"].update({"weasyprint": {"level": "WARNING"}, "fontTools": {"level": "WARNING"}})
+SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] = [
+    "drf_spectacular.hooks.postprocess_schema_enums",
+    "fleet.api.ops.schema_document_errors",
+]

@@ -74,6 +74,10 @@ class HostRepairedView(APIView):
             else getattr(request.user, "username", "")
         )
         memory.host_repaired(host, note=form.validated_data.get("note", ""), by=by)
+        # Undo a drain Fleetwatch set (dry-run by default; never a drain someone else set).
+        from fleet.drain import drain_resume
+
+        drain_resume(host, by=by)
         return Response(_health(host))
 
 

@@ -85,3 +85,13 @@ def test_openapi_schema_and_swagger_ui_are_served(client):
     assert schema.status_code == 200
     assert b"/api/v1/uploads" in schema.content and b"/api/v1/incidents" in schema.content
     assert client.get("/api/docs/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "since", ["0403-06-16T15:56:49.9+16:50", "2026-01-01T00:00:00+23:00", "1850-01-01T00:00:00Z"]
+)
+def test_an_absurd_time_filter_is_a_400_not_a_500(reader, since):
+    # Found by schemathesis on PostgreSQL, which refuses such offsets in a query.
+    response = reader.get("/api/v1/incidents", {"since": since})
+    assert response.status_code == 400
+    assert "since" in response.json()["errors"]
