@@ -35,12 +35,25 @@ class Incident(models.Model):
     fingerprint = models.CharField(max_length=64, blank=True, db_index=True)
     opened_at = models.DateTimeField(default=timezone.now)
     classified_at = models.DateTimeField(null=True, blank=True)
+    # The on-call workflow (analysis.services.incident_*): who did what, and when.
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, blank=True)
+    fix_applied_at = models.DateTimeField(null=True, blank=True)
+    fix_applied_by = models.CharField(max_length=150, blank=True)
+    # Set when an operator overrode the classifier's culprit; the core's verdict is kept here.
+    classified_culprit = models.CharField(max_length=32, blank=True)
+    # Every workflow step with its note, oldest first: {"at", "by", "action", "note"}.
+    journal = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-opened_at"]
         indexes = [
+            models.Index(fields=["opened_at"]),
             models.Index(fields=["culprit", "opened_at"]),
             models.Index(fields=["status", "opened_at"]),
+            models.Index(fields=["fingerprint", "opened_at"]),
         ]
 
     def __str__(self) -> str:
@@ -150,3 +163,6 @@ class HostRepair(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host_id} repaired at {self.at:%Y-%m-%d %H:%M}"
+
+
+from analysis.models_ops import DrainAction, WeeklyReport  # noqa: E402, F401

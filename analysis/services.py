@@ -129,3 +129,79 @@ def fleet_correlate_soon() -> None:
 
 def vars_(item) -> dict:
     return {name: getattr(item, name) for name in item.__slots__}
+
+
+# --- the on-call workflow ------------------------------------------------------------------
+# Each step is a conditional update on the status it moves from, so two operators clicking at
+# once record one acknowledgement, and a resolved incident is not re-acknowledged by a stale page.
+
+NOTE_MAX = 2000
+
+
+def _journal_entry(action: str, by: str, note: str, now) -> dict:
+    return {"at": now.isoformat(), "by": by[:150], "action": action, "note": note[:NOTE_MAX]}
+
+
+def _journal_append(incident: Incident, entry: dict, **fields) -> Incident:
+    with transaction.atomic():
+        row = Incident.objects.select_for_update().get(pk=incident.pk)
+        for name, value in fields.items():
+            setattr(row, name, value)
+        row.journal = [*row.journal, entry]
+        row.save(update_fields=[*fields, "journal"])
+    return row
+
+
+def incident_acknowledge(incident: Incident, *, by: str, note: str = "", now=None) -> bool:
+    """Open -> acknowledged. False when someone else moved it first."""
+    now = now or timezone.now()
+    claimed = Incident.objects.filter(pk=incident.pk, status=Incident.Status.OPEN).update(
+        status=Incident.Status.ACKNOWLEDGED, acknowledged_at=now, acknowledged_by=by[:150]
+    )
+    if claimed:
+        _journal_append(incident, _journal_entry("acknowledged", by, note, now))
+    return bool(claimed)
+
+
+def incident_resolve(incident: Incident, *, by: str, note: str = "", now=None) -> bool:
+    """Open or acknowledged -> resolved. False when it was already resolved."""
+    now = now or timezone.now()
+    claimed = (
+        Incident.objects.filter(pk=incident.pk)
+        .exclude(status=Incident.Status.RESOLVED)
+        .update(status=Incident.Status.RESOLVED, resolved_at=now, resolved_by=by[:150])
+    )
+    if claimed:
+        _journal_append(incident, _journal_entry("resolved", by, note, now))
+    return bool(claimed)
+
+
+def incident_fix_applied(incident: Incident, *, by: str, note: str = "", now=None) -> bool:
+    """The recommended fix (or the one in the note) was applied; recorded once."""
+    now = now or timezone.now()
+    claimed = Incident.objects.filter(pk=incident.pk, fix_applied_at=None).update(
+        fix_applied_at=now, fix_applied_by=by[:150]
+    )
+    if claimed:
+        _journal_append(incident, _journal_entry("fix applied", by, note, now))
+    return bool(claimed)
+
+
+def incident_reclassify(
+    incident: Incident, *, culprit: str, by: str, note: str, now=None
+) -> Incident:
+    """An operator names a different culprit, with the reason. The classifier's own culprit is
+    kept in ``classified_culprit`` (first override only), so reports can count corrections."""
+    if culprit not in Incident.Culprit.values:
+        raise ValueError(f"unknown culprit class {culprit!r}")
+    if not note.strip():
+        raise ValueError("a reclassification needs a note saying why")
+    now = now or timezone.now()
+    row = Incident.objects.only("culprit", "classified_culprit").get(pk=incident.pk)
+    entry = _journal_entry(f"reclassified {row.culprit} → {culprit}", by, note, now)
+    return _journal_append(
+        incident,
+        entry,
+        culprit=culprit,
+        classified_culprit=row.classified_culprit or row.culprit,
+    )

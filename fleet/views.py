@@ -1,35 +1,127 @@
-"""The web UI shell: server-rendered pages; every log text goes through autoescaping."""
+"""The web UI: server-rendered pages, htmx for partial updates; every log text is autoescaped.
+
+Reads go through ``analysis.selectors``, writes through one service each. Anyone logged in may
+read; the workflow and host actions need the operator role (staff, or the "operators" group).
+"""
 
 from __future__ import annotations
 
+from datetime import datetime, time
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
 
-from analysis import selectors
-from analysis.models import Incident
+from analysis import memory, selectors, services
+from analysis.models import CulpritScore, Incident
+from fleet.models import Host, Job
+from ingest.models import Upload
+
+PAGE_SIZE = 50
+OPERATORS_GROUP = "operators"
+
+
+def is_operator(user) -> bool:
+    return bool(
+        user.is_authenticated
+        and (user.is_staff or user.groups.filter(name=OPERATORS_GROUP).exists())
+    )
+
+
+def operator_required(view):
+    @login_required
+    def wrapped(request, *args, **kwargs):
+        if not is_operator(request.user):
+            raise PermissionDenied("operators only")
+        return view(request, *args, **kwargs)
+
+    wrapped.__name__ = view.__name__
+    wrapped.__doc__ = view.__doc__
+    return wrapped
+
+
+def _is_htmx(request) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _date(value: str) -> datetime | None:
+    try:
+        day = datetime.strptime(value, "%Y-%m-%d").date()
+    except ValueError:
+        return None
+    return timezone.make_aware(datetime.combine(day, time.min))
+
+
+# --- overview -----------------------------------------------------------------------------------
+
+
+@login_required
+def overview(request):
+    return render(
+        request,
+        "fleet/overview.html",
+        {
+            "open_incidents": selectors.incident_list(status=Incident.Status.OPEN)[:10],
+            "open_count": Incident.objects.filter(status=Incident.Status.OPEN).count(),
+            "per_day": selectors.incidents_per_day(),
+            "top_culprits": selectors.culprit_scores_top(),
+            "hosts": selectors.hosts_needing_attention(),
+            "ingest": selectors.ingest_health(),
+        },
+    )
+
+
+# --- incidents ----------------------------------------------------------------------------------
 
 
 @login_required
 def incident_list(request):
     filters = {
-        "culprit": request.GET.get("culprit", ""),
-        "status": request.GET.get("status", ""),
-        "job": request.GET.get("job", ""),
-        "host": request.GET.get("host", ""),
+        name: request.GET.get(name, "").strip()
+        for name in ("culprit", "status", "job", "host", "since", "until", "sort")
     }
-    page = Paginator(selectors.incident_list(**filters), 50).get_page(request.GET.get("page"))
+    queryset = selectors.incident_list(
+        culprit=filters["culprit"],
+        status=filters["status"],
+        job=filters["job"],
+        host=filters["host"],
+        since=_date(filters["since"]),
+        until=_date(filters["until"]),
+        sort=filters["sort"] or "-opened",
+    )
+    page = Paginator(queryset, PAGE_SIZE).get_page(request.GET.get("page"))
+    kept = request.GET.copy()
+    kept.pop("page", None)
+    template = "fleet/_incident_table.html" if _is_htmx(request) else "fleet/incident_list.html"
     return render(
         request,
-        "fleet/incident_list.html",
+        template,
         {
             "page": page,
             "filters": filters,
+            "kept": kept.urlencode(),
             "culprits": Incident.Culprit.values,
             "statuses": Incident.Status.values,
+            "sorts": list(selectors.INCIDENT_SORTS),
         },
     )
+
+
+def _incident_context(request, incident: Incident) -> dict:
+    return {
+        "incident": incident,
+        "evidence": selectors.incident_evidence_links(incident),
+        "timeline": selectors.incident_rank_timeline(incident),
+        "hardware": selectors.incident_hardware_events(incident),
+        "similar": selectors.incident_similar(incident),
+        "culprits": Incident.Culprit.values,
+        "operator": is_operator(request.user),
+    }
 
 
 @login_required
@@ -38,4 +130,174 @@ def incident_detail(request, pk: int):
         incident = selectors.incident_get(pk)
     except Incident.DoesNotExist:
         raise Http404("No such incident") from None
-    return render(request, "fleet/incident_detail.html", {"incident": incident})
+    return render(request, "fleet/incident_detail.html", _incident_context(request, incident))
+
+
+@require_POST
+@operator_required
+def incident_action(request, pk: int, action: str):
+    incident = get_object_or_404(Incident, pk=pk)
+    by = request.user.get_username()
+    note = request.POST.get("note", "")[: services.NOTE_MAX]
+    if action == "acknowledge":
+        done = services.incident_acknowledge(incident, by=by, note=note)
+        text = "Acknowledged." if done else "It was no longer open."
+    elif action == "resolve":
+        done = services.incident_resolve(incident, by=by, note=note)
+        text = "Resolved." if done else "It was already resolved."
+    elif action == "fix-applied":
+        done = services.incident_fix_applied(incident, by=by, note=note)
+        text = "Fix recorded as applied." if done else "The fix was already recorded."
+    elif action == "reclassify":
+        try:
+            services.incident_reclassify(
+                incident, culprit=request.POST.get("culprit", ""), by=by, note=note
+            )
+        except ValueError as error:
+            done, text = False, str(error)
+        else:
+            done, text = True, "Reclassified."
+    else:
+        raise Http404("No such action")
+    (messages.success if done else messages.warning)(request, text)
+    if _is_htmx(request):
+        incident = selectors.incident_get(pk)
+        return render(
+            request, "fleet/_incident_workflow.html", _incident_context(request, incident)
+        )
+    return redirect("incident-detail", pk=pk)
+
+
+# --- hosts --------------------------------------------------------------------------------------
+
+
+@login_required
+def host_list(request):
+    query = request.GET.get("q", "").strip()
+    page = Paginator(selectors.host_list(query), PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "fleet/host_list.html", {"page": page, "q": query})
+
+
+@login_required
+def host_detail(request, hostname: str):
+    host = get_object_or_404(Host, hostname=hostname)
+    incidents = Paginator(selectors.host_incidents(host), 25).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "fleet/host_detail.html",
+        {
+            "host": host,
+            "health": memory.host_health(host),
+            "incidents": incidents,
+            "gpus": host.gpus.all(),
+            "hardware": selectors.host_hardware_events(host),
+            "repairs": host.repairs.all()[:10],
+            "drains": _drain_actions(host),
+            "operator": is_operator(request.user),
+        },
+    )
+
+
+def _drain_actions(host: Host) -> list:
+    try:
+        from analysis.models import DrainAction  # issue 8's audit trail, when present
+    except ImportError:
+        return []
+    return list(DrainAction.objects.filter(host=host).order_by("-at")[:10])
+
+
+@require_POST
+@operator_required
+def host_action(request, hostname: str, action: str):
+    host = get_object_or_404(Host, hostname=hostname)
+    by = request.user.get_username()
+    note = request.POST.get("note", "")[:2000]
+    if action == "repaired":
+        memory.host_repaired(host, note=note, by=by)
+        messages.success(request, f"{host.hostname} marked repaired; its health starts afresh.")
+    elif action == "drain":
+        try:
+            from fleet.drain import host_drain  # the scheduler adapters (issue 8)
+        except ImportError:
+            messages.warning(request, "Draining is not configured on this server.")
+        else:
+            row = host_drain(host, reason=note or "drained from the Fleetwatch UI", by=by)
+            messages.success(request, f"Drain of {host.hostname}: {row.result}.")
+    else:
+        raise Http404("No such action")
+    return redirect("host-detail", hostname=host.hostname)
+
+
+# --- culprits and jobs --------------------------------------------------------------------------
+
+
+@login_required
+def culprit_list(request):
+    culprit = request.GET.get("culprit", "")
+    flagged = {"yes": True, "no": False}.get(request.GET.get("flagged", ""))
+    page = Paginator(selectors.culprit_list(culprit=culprit, flagged=flagged), PAGE_SIZE)
+    return render(
+        request,
+        "fleet/culprit_list.html",
+        {
+            "page": page.get_page(request.GET.get("page")),
+            "culprit": culprit,
+            "flagged": request.GET.get("flagged", ""),
+            "culprits": Incident.Culprit.values,
+        },
+    )
+
+
+@login_required
+def culprit_detail(request, pk: int):
+    try:
+        score = selectors.culprit_get(pk)
+    except CulpritScore.DoesNotExist:
+        raise Http404("No such culprit") from None
+    incidents = selectors.culprit_incidents(score)
+    fix = next((i.fix for i in incidents if i.fix and i.culprit == score.culprit), "")
+    return render(
+        request,
+        "fleet/culprit_detail.html",
+        {
+            "score": score,
+            "incidents": incidents,
+            "fix": fix,
+            "trend": selectors.culprit_trend(incidents),
+        },
+    )
+
+
+@login_required
+def job_list(request):
+    query = request.GET.get("q", "").strip()
+    page = Paginator(selectors.job_list(query), PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "fleet/job_list.html", {"page": page, "q": query})
+
+
+@login_required
+def job_detail(request, pk: int):
+    try:
+        job = selectors.job_get(pk)
+    except Job.DoesNotExist:
+        raise Http404("No such job") from None
+    return render(request, "fleet/job_detail.html", {"job": job})
+
+
+# --- raw artifacts ------------------------------------------------------------------------------
+
+
+@login_required
+def artifact(request, pk: int):
+    upload = get_object_or_404(Upload.objects.select_related("host", "job", "attempt"), pk=pk)
+    try:
+        line = max(1, int(request.GET.get("line", "1")))
+    except ValueError:
+        line = 1
+    try:
+        window = selectors.artifact_window(upload, line)
+    except (OSError, EOFError) as error:
+        return render(
+            request, "fleet/artifact.html", {"upload": upload, "error": str(error)}, status=502
+        )
+    return render(request, "fleet/artifact.html", {"upload": upload, "window": window})

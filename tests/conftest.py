@@ -12,7 +12,9 @@ import pytest
 def _tasks_run_in_process(request):
     """Tasks run eagerly (and raise) in tests, on both passes; the Redis-worker tests opt out.
     Pure tests (no database) are left alone: they must not even import Django."""
-    uses_db = {"db", "transactional_db"} & set(request.fixturenames)
+    uses_db = {"db", "transactional_db", "live_server"} & set(request.fixturenames) or (
+        request.node.get_closest_marker("django_db") is not None
+    )
     if request.node.get_closest_marker("redis") or not uses_db:
         yield
         return

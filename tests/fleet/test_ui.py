@@ -1,51 +1,137 @@
-"""The web UI shell: behind a login, and log text shown as text."""
+"""The web UI: behind a login, log text shown as text, operators only for the workflow,
+and a bounded number of queries per page whatever the size of the fleet."""
+
+import gzip
+from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Group, User
+from django.core.files.base import ContentFile
+from django.utils import timezone
 
-from analysis.models import Incident
-from fleet.models import Attempt, Job
+from analysis.models import CulpritScore, Entity, Incident
+from fleet.models import Attempt, Host, Job, RankPlacement
+from ingest.models import Upload
 
 pytestmark = pytest.mark.django_db
+
+HOSTILE = "[rank0]: <script>alert(1)</script> Watchdog caught <b>bold</b>"
 
 
 @pytest.fixture
 def hostile_incident():
     job = Job.objects.create(external_id="job-<b>x</b>")
-    attempt = Attempt.objects.create(job=job)
+    attempt = Attempt.objects.create(job=job, world_size=2)
     return Incident.objects.create(
         attempt=attempt,
         job=job,
         summary="<script>alert('summary')</script>",
         evidence=[
-            {
-                "file": "<img src=x onerror=alert(1)>",
-                "line": 3,
-                "signal": "s",
-                "text": "[rank0]: <script>alert(1)</script> Watchdog caught",
-            }
+            {"file": "<img src=x onerror=alert(1)>", "line": 3, "signal": "s", "text": HOSTILE}
         ],
         suspects=[{"kind": "rank", "id": "0", "why": "<iframe>"}],
+        fingerprint="f1",
     )
 
 
+@pytest.fixture
+def artifact(hostile_incident):
+    host = Host.objects.create(hostname="gpu-<b>01")
+    lines = [f"line {n}" for n in range(1, 5001)]
+    lines[2] = HOSTILE
+    lines[9] = "x" * 50_000
+    body = gzip.compress(("\n".join(lines) + "\n").encode())
+    upload = Upload(
+        sha256="a" * 64,
+        size=len(body),
+        compressed=True,
+        filename="<img src=x onerror=alert(1)>",
+        host=host,
+        job=hostile_incident.job,
+        attempt=hostile_incident.attempt,
+        rank=0,
+        status=Upload.Status.PARSED,
+    )
+    upload.blob.save("t.log.gz", ContentFile(body), save=False)
+    upload.save()
+    return upload
+
+
+@pytest.fixture
+def reader_client(client):
+    client.force_login(User.objects.create_user("reader", password="x"))
+    return client
+
+
 def test_pages_need_a_login(client, hostile_incident):
-    response = client.get("/")
-    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+    for url in ("/", "/incidents/", "/hosts/", "/culprits/", "/jobs/"):
+        response = client.get(url)
+        assert response.status_code == 302 and "/accounts/login/" in response["Location"]
 
 
-def test_incident_list_and_page_show_log_text_escaped(admin_client, hostile_incident):
-    listing = admin_client.get("/").content.decode()
-    page = admin_client.get(f"/incidents/{hostile_incident.pk}/").content.decode()
-    for html in (listing, page):
-        assert "<script>" not in html
+def test_every_page_shows_log_text_escaped(admin_client, hostile_incident, artifact):
+    pages = {
+        url: admin_client.get(url)
+        for url in (
+            "/",
+            "/incidents/",
+            f"/incidents/{hostile_incident.pk}/",
+            "/hosts/",
+            f"/hosts/{artifact.host.hostname}/",
+            "/jobs/",
+            f"/jobs/{hostile_incident.job_id}/",
+            f"/artifacts/{artifact.pk}/?line=3",
+        )
+    }
+    for url, response in pages.items():
+        html = response.content.decode()
+        assert response.status_code == 200, url
+        assert "<script>alert" not in html and "<b>" not in html, url
+        assert "<img src=x" not in html and "<iframe>" not in html, url
+    page = pages[f"/incidents/{hostile_incident.pk}/"].content.decode()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "<img src=x" not in page and "<iframe>" not in page
-    assert "job-&lt;b&gt;x&lt;/b&gt;" in listing
+    assert "job-&lt;b&gt;x&lt;/b&gt;" in pages["/incidents/"].content.decode()
+    viewer = pages[f"/artifacts/{artifact.pk}/?line=3"].content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in viewer
 
 
-def test_incident_list_filters_by_culprit(admin_client, hostile_incident):
-    assert "alert" in admin_client.get("/?culprit=unknown").content.decode()
-    assert "No incidents match" in admin_client.get("/?culprit=storage_io").content.decode()
+def test_an_evidence_line_links_to_the_artifact_at_that_line(
+    admin_client, hostile_incident, artifact
+):
+    page = admin_client.get(f"/incidents/{hostile_incident.pk}/").content.decode()
+    assert f'href="/artifacts/{artifact.pk}/?line=3#L3"' in page
+
+
+def test_the_artifact_viewer_shows_a_bounded_window_of_a_gzip_blob(admin_client, artifact):
+    html = admin_client.get(f"/artifacts/{artifact.pk}/?line=2000").content.decode()
+    assert 'id="L2000" class="line target"' in html
+    assert 'id="L1960"' in html and 'id="L2060"' in html
+    assert 'id="L1959"' not in html and 'id="L2061"' not in html
+    long = admin_client.get(f"/artifacts/{artifact.pk}/?line=10").content.decode()
+    assert "line truncated" in long and "x" * 50_000 not in long
+    assert 'id="L11"' in long  # the rest of the long line was skipped, not taken as lines
+    end = admin_client.get(f"/artifacts/{artifact.pk}/?line=4990").content.decode()
+    assert "end of file" in end and 'id="L5000"' in end
+
+
+def test_incident_list_filters_and_sorts(admin_client, hostile_incident):
+    assert "alert" in admin_client.get("/incidents/?culprit=unknown").content.decode()
+    assert (
+        "No incidents match" in admin_client.get("/incidents/?culprit=storage_io").content.decode()
+    )
+    assert (
+        "alert" in admin_client.get("/incidents/?sort=confidence&since=2000-01-01").content.decode()
+    )
+    assert "No incidents match" in admin_client.get("/incidents/?until=2000-01-01").content.decode()
+    partial = admin_client.get("/incidents/?culprit=unknown", HTTP_HX_REQUEST="true")
+    assert b"<html" not in partial.content and b"alert" in partial.content
+
+
+def test_incident_list_filters_by_host(admin_client, hostile_incident):
+    host = Host.objects.create(hostname="gpu-a01")
+    RankPlacement.objects.create(attempt=hostile_incident.attempt, rank=0, host=host)
+    assert "alert" in admin_client.get("/incidents/?host=gpu-a01").content.decode()
+    assert "No incidents match" in admin_client.get("/incidents/?host=gpu-b09").content.decode()
 
 
 def test_a_missing_incident_is_a_404(admin_client):
@@ -55,3 +141,146 @@ def test_a_missing_incident_is_a_404(admin_client):
 def test_login_page_renders_with_csrf(client):
     html = client.get("/accounts/login/").content.decode()
     assert "csrfmiddlewaretoken" in html
+
+
+def test_operators_walk_an_incident_through_the_workflow(admin_client, hostile_incident):
+    url = f"/incidents/{hostile_incident.pk}"
+    assert admin_client.post(f"{url}/acknowledge/").status_code == 302
+    admin_client.post(f"{url}/fix-applied/", {"note": "moved logs to tmpfs"})
+    response = admin_client.post(
+        f"{url}/reclassify/", {"culprit": "storage_io", "note": "rank 0 <b>logs</b>"}
+    )
+    assert response.status_code == 302
+    admin_client.post(f"{url}/resolve/", {"note": "done"})
+    incident = Incident.objects.get(pk=hostile_incident.pk)
+    assert incident.status == "resolved" and incident.culprit == "storage_io"
+    assert incident.classified_culprit == "unknown" and incident.acknowledged_by == "admin"
+    assert incident.fix_applied_at is not None
+    assert [j["action"] for j in incident.journal] == [
+        "acknowledged",
+        "fix applied",
+        "reclassified unknown → storage_io",
+        "resolved",
+    ]
+    page = admin_client.get(f"{url}/").content.decode()
+    assert "rank 0 &lt;b&gt;logs&lt;/b&gt;" in page and "Acknowledge</button>" not in page
+
+
+def test_a_reclassification_needs_a_note(admin_client, hostile_incident):
+    admin_client.post(f"/incidents/{hostile_incident.pk}/reclassify/", {"culprit": "storage_io"})
+    assert Incident.objects.get(pk=hostile_incident.pk).culprit == "unknown"
+
+
+def test_htmx_workflow_returns_the_panel(admin_client, hostile_incident):
+    response = admin_client.post(
+        f"/incidents/{hostile_incident.pk}/acknowledge/", HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200 and b"acknowledged by admin" in response.content
+    assert b"<html" not in response.content
+
+
+def test_read_only_users_see_no_actions_and_cannot_post(reader_client, hostile_incident):
+    page = reader_client.get(f"/incidents/{hostile_incident.pk}/").content.decode()
+    assert "Acknowledge</button>" not in page and "Read-only" in page
+    response = reader_client.post(f"/incidents/{hostile_incident.pk}/acknowledge/")
+    assert response.status_code == 403
+    assert Incident.objects.get(pk=hostile_incident.pk).status == "open"
+
+
+def test_the_operators_group_grants_the_workflow(reader_client, hostile_incident):
+    user = User.objects.get(username="reader")
+    user.groups.add(Group.objects.create(name="operators"))
+    assert reader_client.post(f"/incidents/{hostile_incident.pk}/acknowledge/").status_code == 302
+    assert Incident.objects.get(pk=hostile_incident.pk).status == "acknowledged"
+
+
+def test_forms_are_csrf_protected(hostile_incident):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(User.objects.create_superuser("op", password="x"))
+    assert client.post(f"/incidents/{hostile_incident.pk}/acknowledge/").status_code == 403
+    page = client.get(f"/incidents/{hostile_incident.pk}/").content.decode()
+    assert page.count("csrfmiddlewaretoken") >= 4
+
+
+def test_operators_mark_a_host_repaired(admin_client, reader_client):
+    Host.objects.create(hostname="gpu-a01")
+    assert reader_client.post("/hosts/gpu-a01/repaired/").status_code == 403
+    admin_client.post("/hosts/gpu-a01/repaired/", {"note": "reseated GPU 3"})
+    assert "reseated GPU 3" in admin_client.get("/hosts/gpu-a01/").content.decode()
+
+
+def test_the_similar_count_reads_as_the_nth_time(admin_client, hostile_incident):
+    job = hostile_incident.job
+    for n in range(1, 7):
+        Incident.objects.create(
+            attempt=Attempt.objects.create(job=job, number=n),
+            job=job,
+            fingerprint="f1",
+            opened_at=hostile_incident.opened_at - timedelta(days=n),
+        )
+    page = admin_client.get(f"/incidents/{hostile_incident.pk}/").content.decode()
+    assert "7th time" in page
+
+
+def _fleet(n: int):
+    """n incidents on n jobs over n hosts, with culprit scores: enough rows to show an N+1."""
+    now = timezone.now()
+    for i in range(n):
+        host = Host.objects.create(hostname=f"gpu-{i:03d}")
+        job = Job.objects.create(external_id=f"job-{i}")
+        attempt = Attempt.objects.create(
+            job=job,
+            status=Attempt.Status.FAILED,
+            started_at=now - timedelta(hours=2),
+            ended_at=now - timedelta(hours=1),
+        )
+        RankPlacement.objects.create(attempt=attempt, rank=0, host=host)
+        Incident.objects.create(attempt=attempt, job=job, culprit="storage_io", summary="s")
+        entity = Entity.objects.create(kind="host", key=host.hostname)
+        CulpritScore.objects.create(
+            entity=entity,
+            culprit="storage_io",
+            score=1.0,
+            implicated=1,
+            exposed=1,
+            baseline=0.1,
+            explanation="e",
+            incidents=[i],
+            computed_at=now,
+        )
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/incidents/", "/incidents/?host=gpu-001&sort=confidence", "/hosts/", "/culprits/", "/jobs/"],
+)
+def test_list_pages_take_a_fixed_number_of_queries(
+    admin_client, django_assert_max_num_queries, url
+):
+    _fleet(30)
+    with django_assert_max_num_queries(8):
+        assert admin_client.get(url).status_code == 200
+
+
+def test_the_overview_and_detail_pages_take_few_queries(
+    admin_client, django_assert_max_num_queries
+):
+    _fleet(30)
+    incident = Incident.objects.first()
+    with django_assert_max_num_queries(12):
+        assert admin_client.get(f"/incidents/{incident.pk}/").status_code == 200
+    with django_assert_max_num_queries(10):
+        assert admin_client.get(f"/jobs/{incident.job_id}/").status_code == 200
+    with django_assert_max_num_queries(10):
+        assert admin_client.get(f"/culprits/{CulpritScore.objects.first().pk}/").status_code == 200
+    # The overview pays host_health only for hosts implicated this week (none here).
+    with django_assert_max_num_queries(12):
+        assert admin_client.get("/").status_code == 200
+
+
+def test_job_pages_show_time_lost(admin_client):
+    _fleet(1)
+    html = admin_client.get("/jobs/").content.decode()
+    assert "1:00:00" in html

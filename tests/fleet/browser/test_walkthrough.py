@@ -1,0 +1,175 @@
+"""Every page of the UI in Debian's headless Chromium, driven by Playwright, on the demo fleet.
+
+Needs /usr/bin/chromium (apt-get install chromium) and the ``playwright`` package; skips with
+the reason when either is missing. Never downloads a browser. Screenshots go to
+test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "screenshots"
+HOSTILE = "E1121 [rank1]: <script>window.pwned=1</script> <b>bold</b> & <i>x</i>"
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # pragma: no cover - CI installs it
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip)"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing (apt-get install chromium)"
+    ),
+]
+
+
+@pytest.fixture
+def demo_fleet(transactional_db):
+    """The demo fleet through the real upload API, an operator login, and a log line that
+    looks like HTML."""
+    import gzip
+
+    from django.contrib.auth.models import User
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.core.management import call_command
+    from django.test import Client
+
+    from ingest.models import AgentKey
+
+    call_command("demo_fleet", hosts=16, days=1, user="op", stdout=io.StringIO())
+    user = User.objects.get(username="op")
+    user.set_password("op-password")
+    user.save()
+    User.objects.create_user("viewer", password="viewer-password")
+    _, key = AgentKey.objects.create_key(name="browser test", scopes=["upload"])
+    body = "\n".join(["step 1 loss 2.0", HOSTILE, "step 2 loss 1.9"]) + "\n"
+    response = Client().post(
+        "/api/v1/uploads",
+        {
+            "file": SimpleUploadedFile("hostile.log.gz", gzip.compress(body.encode())),
+            "host": "gpu-hostile",
+            "job": "hostile-job",
+            "rank": 1,
+        },
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    assert response.status_code == 202, response.content
+    return response.json()["id"]
+
+
+@pytest.fixture
+def page(demo_fleet, live_server):
+    # Playwright's sync API runs an event loop in this thread; the ORM work is done above.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        context = browser.new_context(
+            base_url=live_server.url, viewport={"width": 1300, "height": 900}
+        )
+        tab = context.new_page()
+        tab.set_default_timeout(10_000)
+        errors: list[str] = []
+        tab.on("pageerror", lambda error: errors.append(str(error)))
+        yield tab
+        browser.close()
+        assert not errors, errors
+
+
+def login(page, username, password):
+    page.goto("/accounts/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit], input[type=submit]")
+
+
+def shot(page, name):
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_an_operator_walks_every_page(page):
+    login(page, "op", "op-password")
+    page.click("header >> text=Fleetwatch")
+    expect(page.locator("h1")).to_have_text("Fleet overview")
+    expect(page.locator("#per-day-chart")).to_be_visible()
+    page.wait_for_function("() => window.Chart && Chart.getChart('per-day-chart')")
+    shot(page, "01-overview")
+
+    # Incidents: filter through htmx (the select change swaps the table in place).
+    page.click("nav >> text=Incidents")
+    expect(page.locator("h1")).to_have_text("Incidents")
+    shot(page, "02-incidents")
+    page.select_option("select[name=culprit]", "storage_io")
+    expect(page).to_have_url(re.compile(r"culprit=storage_io"))
+    rows = page.locator("table.incidents tbody tr")
+    expect(rows.first).to_contain_text("storage_io")
+    for text in rows.all_inner_texts():
+        assert "storage_io" in text
+    shot(page, "03-incidents-filtered")
+
+    # An incident, its evidence, and the raw line behind it.
+    rows.first.locator("a").first.click()
+    expect(page.locator(".verdict .culprit")).to_have_text("storage_io")
+    expect(page.locator("h2", has_text="Rank timeline")).to_be_visible()
+    shot(page, "04-incident")
+    incident_url = page.url
+    evidence = page.locator("a.evidence-link").first
+    line = evidence.inner_text()
+    evidence.click()
+    expect(page.locator(f"#L{line}.target")).to_be_visible()
+    shot(page, "05-artifact")
+
+    # The workflow: acknowledge, then resolve (htmx swaps the panel; CSRF from the page).
+    page.goto(incident_url)
+    page.click("button:text('Acknowledge')")
+    expect(page.locator(".workflow")).to_contain_text("acknowledged by op")
+    page.fill(".workflow form:has(button:text('Resolve')) input[name=note]", "logs moved")
+    page.click("button:text('Resolve')")
+    expect(page.locator(".workflow .status")).to_have_text("resolved")
+    page.reload()
+    expect(page.locator(".workflow")).to_contain_text("logs moved")
+    shot(page, "06-incident-resolved")
+
+    page.click("nav >> text=Hosts")
+    expect(page.locator("h1")).to_have_text("Hosts")
+    shot(page, "07-hosts")
+    page.locator("table.list tbody a").first.click()
+    expect(page.locator(".verdict .verdict")).to_be_visible()
+    shot(page, "08-host")
+
+    page.click("nav >> text=Culprits")
+    shot(page, "09-culprits")
+    page.locator("table.list tbody a").first.click()
+    expect(page.get_by_role("heading", name="Incidents", exact=True)).to_be_visible()
+    shot(page, "10-culprit")
+
+    page.click("nav >> text=Jobs")
+    shot(page, "11-jobs")
+    page.locator("table.list tbody a").first.click()
+    expect(page.locator("h1")).not_to_be_empty()
+    shot(page, "12-job")
+
+
+def test_html_in_a_log_line_is_shown_as_text(page, demo_fleet):
+    login(page, "viewer", "viewer-password")
+    page.goto(f"/artifacts/{demo_fleet}/?line=2")
+    target = page.locator("#L2")
+    expect(target).to_contain_text(HOSTILE)
+    assert target.locator("script, b, i").count() == 0
+    assert page.evaluate("() => window.pwned") is None
+    shot(page, "13-hostile-artifact")
+    # A read-only user sees no workflow buttons and no host actions.
+    page.goto("/hosts/gpu-hostile/")
+    expect(page.locator("button:text('Drain')")).to_have_count(0)
