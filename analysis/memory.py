@@ -79,11 +79,26 @@ def attempt_entities(attempt: Attempt) -> list[tuple[str, str]]:
     racks = Host.objects.filter(hostname__in=hosts).exclude(rack="").values_list("rack", flat=True)
     found += [("rack", r) for r in sorted(set(racks))]
     config = _canonical_config(attempt)
-    found += [("config", f"{k}={config[k]}") for k in CONTRAST_KEYS if k in config]
+    settings_run = [f"{k}={config[k]}" for k in CONTRAST_KEYS if k in config]
+    found += [("config", setting) for setting in settings_run]
+    # A setting can fail on one GPU model only (a pipeline degree on PCIe-only GPUs): the
+    # setting on each model the attempt ran on is an entity of its own.
+    models = _models(hosts)
+    found += [("config", f"{setting} on {m}") for setting in settings_run for m in models]
     found += [("version", f"{k}={v}") for k, v in sorted(attempt.versions.items())]
     family = job_family(attempt.job.name or attempt.job.external_id)
     found.append(("job_family", family))
     return found
+
+
+def _models(hostnames) -> list[str]:
+    return sorted(
+        set(
+            Host.objects.filter(hostname__in=hostnames)
+            .exclude(gpu_model="")
+            .values_list("gpu_model", flat=True)
+        )
+    )
 
 
 def exposures_record(attempt: Attempt) -> None:
@@ -216,11 +231,15 @@ def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication
                 if rule_id.startswith("p2p")
                 else ("num_workers", "prefetch", "prefetch_factor")
             )
+            models = _models(attempt.placements.values_list("host__hostname", flat=True))
             for key in keys:
-                if key in config:
+                if key not in config:
+                    continue
+                setting = f"{key}={config[key]}"
+                for target in [setting] + [f"{setting} on {m}" for m in models]:
                     links.add(
                         "config",
-                        f"{key}={config[key]}",
+                        target,
                         matches[rule_id]["culprit"],
                         rule_id,
                         conf(rule_id),
@@ -477,6 +496,8 @@ def config_contrast(now: datetime | None = None, min_failed: int = 3) -> list[Co
     for attempt_id, kind, key in Exposure.objects.filter(
         attempt__in=attempts, entity__kind__in=["config", "version"]
     ).values_list("attempt_id", "entity__kind", "entity__key"):
+        if " on " in key:
+            continue  # already qualified by GPU model; the contrast does that itself
         settings_of[attempt_id].add(key if kind == "config" else f"version {key}")
     by_model: dict[str, list[int]] = defaultdict(list)
     for attempt_id, hosts in model_of.items():
