@@ -191,6 +191,7 @@ def host_detail(request, hostname: str):
             "incidents": incidents,
             "gpus": host.gpus.all(),
             "hardware": selectors.host_hardware_events(host),
+            "counters": selectors.host_gpu_counters(host),
             "repairs": host.repairs.all()[:10],
             "drains": _drain_actions(host),
             "operator": is_operator(request.user),
@@ -214,6 +215,12 @@ def host_action(request, hostname: str, action: str):
     note = request.POST.get("note", "")[:2000]
     if action == "repaired":
         memory.host_repaired(host, note=note, by=by)
+        try:
+            from fleet.drain import drain_resume  # undo Fleetwatch's own drain, if any
+        except ImportError:
+            pass
+        else:
+            drain_resume(host, by=by)
         messages.success(request, f"{host.hostname} marked repaired; its health starts afresh.")
     elif action == "drain":
         try:

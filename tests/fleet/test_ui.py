@@ -284,3 +284,35 @@ def test_job_pages_show_time_lost(admin_client):
     _fleet(1)
     html = admin_client.get("/jobs/").content.decode()
     assert "1:00:00" in html
+
+
+def test_the_host_page_shows_gpu_counters_over_time_from_agent_uploads(admin_client, upload):
+    from agents import records
+
+    for ecc in (0, 2):
+        body = records.encode(
+            records.document(
+                [
+                    {
+                        "type": "gpu",
+                        "pci": "0000:3b:00.0",
+                        "index": 3,
+                        "ecc_uncorrected_volatile": ecc,
+                        "temperature_c": 71,
+                    }
+                ],
+                host="gpu-hw",
+                job="j-hw",
+                attempt=0,
+                rank=None,
+            )
+        )
+        assert (
+            upload(
+                body, host="gpu-hw", job="j-hw", name=f"hw-{ecc}.json", kind="hw_stats"
+            ).status_code
+            == 202
+        )
+    html = admin_client.get("/hosts/gpu-hw/").content.decode()
+    assert "GPU counters over time" in html
+    assert html.count("0000:3b:00.0") >= 2 and "<td>2</td>" in html
