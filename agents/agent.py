@@ -118,6 +118,8 @@ class Agent:
         self.collect_logs(now, final=final)
         self.collect_dumps(now, final=final)
         self.collect_traces(now, final=final)
+        self.answer_requests(now)
+        self.prune_traces(now)
         self.collect_kernel()
         if now >= self.next_stats or self.pending_records:
             self.collect_stats(now)
@@ -403,6 +405,64 @@ class Agent:
             self.seen[entry.path] = stamp
             changed = True
         if changed:
+            self.spool.save_extra("seen", self.seen)
+
+    def answer_requests(self, now: float) -> None:
+        """Upload the raw traces the server asked for (it read their summaries and wants the
+        whole trace of a suspect rank). Upload idempotency makes a repeated answer harmless."""
+        if not self.config.trace_dirs or not self.config.server:
+            return
+        if now < getattr(self, "next_request_poll", 0.0):
+            return
+        self.next_request_poll = now + self.config.request_poll_s
+        for request in self.uploader.artifact_requests(self.config.host):
+            if request.get("kind") != "trace":
+                continue
+            for path in self._kept_traces(request.get("rank")):
+                raw = Path(path).read_bytes()
+                body = raw if raw[:2] == b"\x1f\x8b" else gz(raw)
+                name = Path(path).name
+                header = records.upload_header(
+                    host=self.config.host,
+                    job=str(request["job"]),
+                    attempt=int(request.get("attempt") or 0),
+                    rank=request.get("rank"),
+                    kind="trace",
+                    filename=name if name.endswith(".gz") else name + ".gz",
+                )
+                self._put(header, body)
+
+    def _kept_traces(self, rank) -> list[str]:
+        found = []
+        for folder in self.config.trace_dirs:
+            for path in sorted(Path(folder).glob("*.json*")):
+                if path.name.endswith(".summary.json"):
+                    continue
+                m = RANK_IN_NAME.search(path.name)
+                if m and rank is not None and int(m.group(1)) == int(rank):
+                    found.append(str(path))
+        return found
+
+    def prune_traces(self, now: float) -> None:
+        """Raw traces already summarised are kept locally for trace_keep_s, then removed."""
+        if not self.config.trace_dirs:
+            return
+        wall = time.time()
+        removed = False
+        for path in list(self.seen):
+            if not any(path.startswith(str(Path(d))) for d in self.config.trace_dirs):
+                continue
+            try:
+                age = wall - Path(path).stat().st_mtime
+            except FileNotFoundError:
+                del self.seen[path]
+                removed = True
+                continue
+            if age > self.config.trace_keep_s:
+                Path(path).unlink(missing_ok=True)
+                del self.seen[path]
+                removed = True
+        if removed:
             self.spool.save_extra("seen", self.seen)
 
     def collect_kernel(self) -> None:

@@ -44,6 +44,7 @@ class AgentConfig:
     fr_dirs: tuple[str, ...] = ()  # Flight Recorder dump directories beyond run_dir/fr
     trace_dirs: tuple[str, ...] = ()  # profiler trace directories
     trace_keep_s: float = 7 * 24 * 3600.0  # raw traces kept on the host this long
+    request_poll_s: float = 60.0  # ask the server this often which kept artifacts it wants
     kernel_logs: tuple[str, ...] = ("/dev/kmsg",)  # /dev/kmsg or dmesg output files
     poll_s: float = 1.0
     stats_interval_s: float = 60.0

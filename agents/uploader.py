@@ -29,6 +29,7 @@ log = logging.getLogger("fleetwatch.agent")
 
 UPLOADS_PATH = "/api/v1/uploads"
 ATTEMPTS_PATH = "/api/v1/attempts"
+REQUESTS_PATH = "/api/v1/artifact-requests"
 # Answers that will not change by sending the same item again: drop it (and count it).
 PERMANENT = {400, 404, 405, 410, 413, 415, 422}
 
@@ -72,6 +73,27 @@ class Uploader:
 
     def ready(self) -> bool:
         return self.clock() >= self.not_before
+
+    def artifact_requests(self, host: str) -> list[dict]:
+        """What the server asks this host for; [] when it cannot be asked right now (the next
+        poll asks again, so a failure here needs no retry of its own)."""
+        base = self.config.server.rstrip("/")
+        try:
+            response = self.http.request(
+                "GET",
+                base + REQUESTS_PATH,
+                fields={"host": host},
+                headers={"Authorization": f"Bearer {self.config.api_key()}"},
+            )
+        except urllib3.exceptions.HTTPError:
+            return []
+        if response.status != 200:
+            return []
+        try:
+            answer = json.loads(response.data)
+        except ValueError:
+            return []
+        return [r for r in answer if isinstance(r, dict)] if isinstance(answer, list) else []
 
     def drain(self, budget_s: float = 5.0, *, max_items: int | None = None) -> int:
         """Send items until the spool is empty, the server fails, or the budget is spent."""

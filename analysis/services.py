@@ -16,6 +16,7 @@ from fleet.models import Attempt
 from ingest.models import Event, Upload
 from ingest.parsers import parse_log
 from ingest.parsers.events import event_from_row
+from ingest.services import artifact_requests_for_incident
 
 # Events read per incident at most: a pathological log cannot make classification unbounded.
 MAX_EVENTS_PER_ATTEMPT = 200_000
@@ -111,6 +112,7 @@ def incident_classify(attempt: Attempt, now=None) -> Incident | None:
         Attempt.objects.filter(pk=attempt.pk).update(status=Attempt.Status.FAILED)
         memory.exposures_record(attempt)
         memory.incident_implicate(incident, attempt)
+        artifact_requests_for_incident(incident, attempt)
         transaction.on_commit(fleet_correlate_soon)
     return incident
 

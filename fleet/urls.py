@@ -10,7 +10,7 @@ from analysis.api.views import (
     IncidentViewSet,
 )
 from fleet.api.views import AttemptReportView, HostViewSet, JobViewSet
-from ingest.api.views import UploadViewSet
+from ingest.api.views import ArtifactRequestsView, UploadViewSet
 
 router = DefaultRouter(trailing_slash=False)
 router.register("incidents", IncidentViewSet)
@@ -21,6 +21,7 @@ router.register("culprits", CulpritScoreViewSet)
 
 api_v1 = [
     path("attempts", AttemptReportView.as_view(), name="attempt-report"),
+    path("artifact-requests", ArtifactRequestsView.as_view(), name="artifact-requests"),
     path("hosts/<str:hostname>/health", HostHealthView.as_view(), name="host-health"),
     path("hosts/<str:hostname>/repaired", HostRepairedView.as_view(), name="host-repaired"),
     path("", include(router.urls)),

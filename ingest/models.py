@@ -100,3 +100,30 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} at line {self.line}"
+
+
+class ArtifactRequest(models.Model):
+    """The server asks a host's agent for an artifact it kept locally: today, the raw profiler
+    trace of a suspect rank whose summary was uploaded. Agents poll for their host's requests."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifact_requests")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="artifact_requests")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="artifact_requests")
+    rank = models.IntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=16, default=Upload.Kind.TRACE)
+    reason = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    fulfilled_at = models.DateTimeField(null=True, blank=True)
+    upload = models.ForeignKey(Upload, on_delete=models.SET_NULL, null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt", "host", "rank", "kind"], name="artifact_request_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["host", "fulfilled_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of rank {self.rank} from {self.host_id} for {self.attempt_id}"

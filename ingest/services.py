@@ -142,6 +142,7 @@ def upload_receive(
                 RankPlacement.objects.get_or_create(
                     attempt=attempt, rank=rank, defaults={"host": host}
                 )
+            artifact_requests_fulfil(upload)
             from ingest.tasks import upload_parse
 
             upload_parse.delay_on_commit(upload.pk)
@@ -219,3 +220,44 @@ def upload_parse(upload_id: int) -> None:
 
 def upload_mark_failed(upload_id: int, reason: str) -> None:
     Upload.objects.filter(pk=upload_id).update(status=Upload.Status.FAILED, error=reason[:4000])
+
+
+def artifact_requests_for_incident(incident, attempt: Attempt) -> int:
+    """Ask for the raw profiler trace of every suspect rank whose summary was uploaded: the
+    summary named the rank, the full trace shows why. Returns how many requests are open."""
+    from ingest.models import ArtifactRequest
+
+    suspects = {
+        int(s["id"]) for s in incident.suspects if s["kind"] == "rank" and s["id"].isdigit()
+    }
+    if not suspects:
+        return 0
+    summaries = Event.objects.filter(attempt=attempt, kind="trace_summary").values_list(
+        "rank", "upload__host_id", "upload__filename"
+    )
+    made = 0
+    for rank, host_id, filename in summaries:
+        if rank in suspects and filename.endswith(".summary.json"):
+            _, created = ArtifactRequest.objects.get_or_create(
+                attempt=attempt,
+                host_id=host_id,
+                rank=rank,
+                kind=Upload.Kind.TRACE,
+                defaults={
+                    "job_id": attempt.job_id,
+                    "reason": f"raw trace of suspect rank {rank} (incident {incident.pk})",
+                },
+            )
+            made += created
+    return made
+
+
+def artifact_requests_fulfil(upload: Upload) -> None:
+    """A raw trace arrived: the requests it answers are done."""
+    from ingest.models import ArtifactRequest
+
+    if upload.kind != Upload.Kind.TRACE or upload.filename.endswith(".summary.json"):
+        return
+    ArtifactRequest.objects.filter(
+        attempt=upload.attempt, host=upload.host, rank=upload.rank, fulfilled_at=None
+    ).update(fulfilled_at=timezone.now(), upload=upload)

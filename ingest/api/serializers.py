@@ -51,3 +51,12 @@ class UploadSerializer(serializers.ModelSerializer):
             "line_count",
             "event_count",
         ]
+
+
+class ArtifactRequestSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    job = serializers.CharField(source="job.external_id")
+    attempt = serializers.IntegerField(source="attempt.number")
+    rank = serializers.IntegerField(allow_null=True)
+    kind = serializers.CharField()
+    reason = serializers.CharField()

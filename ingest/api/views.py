@@ -1,16 +1,18 @@
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from ingest.api.serializers import (
+    ArtifactRequestSerializer,
     UploadAcceptedSerializer,
     UploadCreateSerializer,
     UploadSerializer,
 )
 from ingest.auth import CanRead, CanUpload
-from ingest.models import Upload
+from ingest.models import ArtifactRequest, Upload
 from ingest.services import UploadRejected, upload_receive
 
 # Room for the multipart envelope and form fields around the file itself.
@@ -74,3 +76,24 @@ class UploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
             {"id": upload.pk, "status": upload.status, "duplicate": not received.created},
             status=status.HTTP_202_ACCEPTED,
         )
+
+
+class ArtifactRequestsView(APIView):
+    """What the server wants a host's agent to send: raw traces of suspect ranks."""
+
+    permission_classes = [CanUpload]
+
+    @extend_schema(
+        parameters=[OpenApiParameter("host", str, required=True)],
+        responses={200: ArtifactRequestSerializer(many=True)},
+    )
+    def get(self, request):
+        host = request.query_params.get("host", "")
+        if not host:
+            return Response({"detail": "the host query parameter is required"}, status=400)
+        open_requests = (
+            ArtifactRequest.objects.filter(host__hostname=host, fulfilled_at=None)
+            .select_related("job", "attempt")
+            .order_by("created_at")[:100]
+        )
+        return Response(ArtifactRequestSerializer(open_requests, many=True).data)
