@@ -27,7 +27,7 @@ from pathlib import Path
 from . import records
 from .config import AgentConfig
 from .follow import Chunk, Follower
-from .readers import HostStats, KernelLog, Nvml
+from .readers import HostStats, IbPorts, KernelLog, Nvml
 from .spool import TMP_PREFIX, Spool
 from .uploader import Uploader
 
@@ -78,6 +78,7 @@ class Agent:
         self.kernel = KernelLog(config.kernel_logs)
         self.nvml = Nvml()
         self.host_stats = HostStats()
+        self.ib_ports = IbPorts(config.ib_sysfs)
         self.next_stats = 0.0
         self.pending_records: list[dict] = []
 
@@ -483,7 +484,9 @@ class Agent:
 
     def collect_stats(self, now: float) -> None:
         self.next_stats = now + self.config.stats_interval_s
-        found = self.nvml.read() + self.host_stats.read() + self.kernel.status()
+        found = (
+            self.nvml.read() + self.ib_ports.read() + self.host_stats.read() + self.kernel.status()
+        )
         found.append(self.agent_record())
         stalls, self.pending_records = self.pending_records, []
         for job, attempt in self.active_jobs():

@@ -46,6 +46,7 @@ class AgentConfig:
     trace_keep_s: float = 7 * 24 * 3600.0  # raw traces kept on the host this long
     request_poll_s: float = 60.0  # ask the server this often which kept artifacts it wants
     kernel_logs: tuple[str, ...] = ("/dev/kmsg",)  # /dev/kmsg or dmesg output files
+    ib_sysfs: str = "/sys/class/infiniband"  # InfiniBand/RoCE port counters
     poll_s: float = 1.0
     stats_interval_s: float = 60.0
     log_flush_s: float = 10.0  # ship followed log lines at least this often

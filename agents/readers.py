@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 
 # Kernel lines worth shipping: GPU driver (Xid, fallen off the bus), PCIe AER, hung tasks,
 # storage and the OOM killer. Everything else in the kernel log stays on the host.
@@ -199,6 +200,54 @@ class HostStats:
         host["net_errors"] = errors
         self.last, self.disks, self.net = now, disks, net
         return [host]
+
+
+IB_COUNTERS = (
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)
+
+
+class IbPorts:
+    """InfiniBand/RoCE port counters from sysfs (``/sys/class/infiniband/<hca>/ports/<n>``):
+    the NIC side of "counters over time". Absent hardware is reported, not guessed."""
+
+    def __init__(self, root: str = "/sys/class/infiniband") -> None:
+        self.root = Path(root)
+
+    def read(self) -> list[dict]:
+        try:
+            hcas = sorted(p for p in self.root.iterdir() if p.is_dir())
+        except OSError:
+            return [reader_record("ib", False, f"no InfiniBand devices ({self.root} absent)")]
+        found = []
+        for hca in hcas:
+            try:
+                ports = sorted((hca / "ports").iterdir())
+            except OSError:
+                continue
+            for port in ports:
+                nic: dict = {"type": "nic", "device": hca.name[:64], "port": port.name[:8]}
+                for name in IB_COUNTERS:
+                    try:
+                        nic[name] = int((port / "counters" / name).read_text().strip())
+                    except (OSError, ValueError):
+                        nic[name] = None
+                for name in ("state", "rate"):
+                    try:
+                        nic[name] = (port / name).read_text().strip()[:64]
+                    except OSError:
+                        nic[name] = ""
+                found.append(nic)
+        if not found:
+            return [reader_record("ib", False, f"no ports under {self.root}")]
+        return found
 
 
 class KernelLog:

@@ -348,6 +348,22 @@ def host_gpu_counters(host: Host, limit: int = 100) -> list[dict]:
     return [{"received_at": e.upload.received_at, **e.attrs} for e in rows]
 
 
+def host_nic_counters(host: Host, limit: int = 100) -> list[dict]:
+    """InfiniBand/RoCE port error counters the agent uploaded for this host, newest first."""
+    uploads = (
+        Upload.objects.filter(host=host, kind=Upload.Kind.HW_STATS)
+        .order_by("-received_at")
+        .values("pk")[:100]
+    )
+    rows = (
+        Event.objects.filter(upload_id__in=Subquery(uploads), kind="nic_health")
+        .select_related("upload")
+        .only("attrs", "upload__received_at")
+        .order_by("-upload__received_at", "line")[:limit]
+    )
+    return [{"received_at": e.upload.received_at, **e.attrs} for e in rows]
+
+
 def culprit_list(*, culprit: str = "", flagged: bool | None = None) -> QuerySet:
     qs = CulpritScore.objects.select_related("entity").order_by("-flagged", "-score", "pk")
     if culprit:

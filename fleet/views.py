@@ -192,6 +192,7 @@ def host_detail(request, hostname: str):
             "gpus": host.gpus.all(),
             "hardware": selectors.host_hardware_events(host),
             "counters": selectors.host_gpu_counters(host),
+            "nic_counters": selectors.host_nic_counters(host),
             "repairs": host.repairs.all()[:10],
             "drains": _drain_actions(host),
             "operator": is_operator(request.user),

@@ -47,6 +47,24 @@ class GpuHealth(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NicHealth(Event):
+    """One reading of one InfiniBand/RoCE port's error counters (absolute; compare over time)."""
+
+    kind: ClassVar[str] = "nic_health"
+    host: str = ""
+    device: str = ""  # mlx5_0
+    port: str = ""
+    state: str = ""  # "4: ACTIVE"
+    rate: str = ""  # "400 Gb/sec (4X NDR)"
+    symbol_error: int | None = None
+    link_downed: int | None = None
+    link_error_recovery: int | None = None
+    port_rcv_errors: int | None = None
+    port_xmit_discards: int | None = None
+    at: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HostStats(Event):
     kind: ClassVar[str] = "host_stats"
     host: str = ""
@@ -132,6 +150,7 @@ class ProbeResult(Event):
 for _cls in (ProbeResult, GpuHealth, HostStats, ReaderStatus, AgentSpool, DataOrder, ProgressStall):
     register(_cls)
 register(CollectiveFailure)
+register(NicHealth)
 
 
 def _num(value, kind=float):
@@ -209,6 +228,32 @@ def _event(r: dict, index: int, doc: dict, source: str) -> Event | None:
     if kind == "gpu":
         fields, text = _gpu(r, host, at)
         return GpuHealth(text=text, **base, **fields)
+    if kind == "nic":
+        counters = {
+            name: _num(r.get(name), int)
+            for name in (
+                "symbol_error",
+                "link_downed",
+                "link_error_recovery",
+                "port_rcv_errors",
+                "port_xmit_discards",
+            )
+        }
+        device, port = str(r.get("device") or "")[:64], str(r.get("port") or "")[:8]
+        text = f"{host}: {device} port {port} {r.get('state') or ''}: " + ", ".join(
+            f"{k} {v}" for k, v in counters.items() if v
+        )
+        return NicHealth(
+            text=text[:2000],
+            host=host,
+            device=device,
+            port=port,
+            state=str(r.get("state") or "")[:64],
+            rate=str(r.get("rate") or "")[:64],
+            at=_num(at),
+            **counters,
+            **base,
+        )
     if kind == "host":
         fields, text = _host(r, host, at)
         return HostStats(text=text, **base, **fields)

@@ -236,3 +236,25 @@ def test_records_round_trip_through_json():
     assert doc["hw_stats"] == records.FORMAT
     (event,) = _events(_doc({"type": "agent", "spool_dropped_items": 4}))
     assert event.dropped_items == 4
+
+
+def test_ib_port_counters_are_read_from_sysfs_and_absence_is_reported(tmp_path):
+    from agents.readers import IbPorts
+
+    assert IbPorts(str(tmp_path / "none")).read()[0]["available"] is False
+    port = tmp_path / "mlx5_0" / "ports" / "1"
+    (port / "counters").mkdir(parents=True)
+    (port / "counters" / "symbol_error").write_text("7\n")
+    (port / "counters" / "link_downed").write_text("2\n")
+    (port / "state").write_text("4: ACTIVE\n")
+    (nic,) = IbPorts(str(tmp_path)).read()
+    assert (nic["device"], nic["port"], nic["symbol_error"], nic["link_downed"]) == (
+        "mlx5_0",
+        "1",
+        7,
+        2,
+    )
+    assert nic["port_rcv_errors"] is None and nic["state"] == "4: ACTIVE"
+    parsed = parse_artifact(_doc(nic), kind="hw_stats", source="hw.json")
+    (event,) = parsed.events
+    assert event.kind == "nic_health" and event.symbol_error == 7 and event.device == "mlx5_0"

@@ -286,7 +286,9 @@ def test_job_pages_show_time_lost(admin_client):
     assert "1:00:00" in html
 
 
-def test_the_host_page_shows_gpu_counters_over_time_from_agent_uploads(admin_client, upload):
+def test_the_host_page_shows_gpu_and_nic_counters_over_time_from_agent_uploads(
+    admin_client, upload
+):
     from agents import records
 
     for ecc in (0, 2):
@@ -299,7 +301,8 @@ def test_the_host_page_shows_gpu_counters_over_time_from_agent_uploads(admin_cli
                         "index": 3,
                         "ecc_uncorrected_volatile": ecc,
                         "temperature_c": 71,
-                    }
+                    },
+                    {"type": "nic", "device": "mlx5_2", "port": "1", "symbol_error": 40 + ecc},
                 ],
                 host="gpu-hw",
                 job="j-hw",
@@ -316,3 +319,4 @@ def test_the_host_page_shows_gpu_counters_over_time_from_agent_uploads(admin_cli
     html = admin_client.get("/hosts/gpu-hw/").content.decode()
     assert "GPU counters over time" in html
     assert html.count("0000:3b:00.0") >= 2 and "<td>2</td>" in html
+    assert "NIC counters over time" in html and "mlx5_2/1" in html and "<td>42</td>" in html
