@@ -1,6 +1,10 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 FLEETWATCH_DATA_DIR=/data
 WORKDIR /app
+# WeasyPrint (the weekly report's PDF) needs pango and a font.
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core \
+    && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY fleet fleet
 COPY ingest ingest
