@@ -21,6 +21,10 @@ MIN_INCIDENTS = 2
 FLAG_SCORE = 3.0
 FLAG_SCORE_DIRECT = 2.0
 STRONG = 0.75
+# Between the two: a verdict that named the class itself (confidence >= the naming threshold)
+# is better evidence than a weak sign (a lagging rank, a socket transport), so 1 in ~300.
+FLAG_SCORE_NAMED = 2.5
+NAMED = 0.5
 MIN_LIFT = 3.0
 
 
@@ -88,7 +92,12 @@ def assess(
     score = min(50.0, -math.log10(max(p_value, 1e-50)))
     rate = k / n if n else 0.0
     lift = rate / baseline if baseline else 0.0
-    needed = FLAG_SCORE_DIRECT if strongest >= STRONG else FLAG_SCORE
+    if strongest >= STRONG:
+        needed = FLAG_SCORE_DIRECT
+    elif strongest >= NAMED:
+        needed = FLAG_SCORE_NAMED
+    else:
+        needed = FLAG_SCORE
     flagged = incidents >= MIN_INCIDENTS and score >= needed and lift >= MIN_LIFT
     explanation = (
         f"{label}: {role} in {k} of its {n} attempts in the last {window_days} days "
