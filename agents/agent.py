@@ -24,6 +24,8 @@ import resource
 import time
 from pathlib import Path
 
+from ingest.parsers.prefix import RANK_IN_NAME
+
 from . import records
 from .config import AgentConfig
 from .follow import Chunk, Follower
@@ -33,7 +35,6 @@ from .uploader import Uploader
 
 log = logging.getLogger("fleetwatch.agent")
 
-RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|r)[_-]?(\d{1,6})(?:\D|$)", re.IGNORECASE)
 TRAILING_NUMBER = re.compile(r"(\d+)(?:\.\w+)*$")
 SETTLE_S = 1.0  # a dump or trace whose size has not changed this long is complete
 ACTIVE_S = 600.0  # a heartbeat this recent makes its job the host's current job

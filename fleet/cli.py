@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,14 +23,12 @@ def iter_files(paths: list[str]) -> Iterator[Path]:
             raise FileNotFoundError(f"{raw}: no such file or directory")
 
 
-# A rank's own log is usually named for it: rank3.log, rank_3.txt, worker-rank-3.out, r3.log.
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|r)[_-]?(\d{1,6})(?:\D|$)", re.IGNORECASE)
-
-
 def rank_of_file(path: Path, events) -> int | None:
     """The rank a file belongs to: named in the file name, else the one rank all its events
     name (None for shared files such as a kernel log)."""
-    m = _RANK_IN_NAME.search(path.name)
+    from ingest.parsers.prefix import RANK_IN_NAME
+
+    m = RANK_IN_NAME.search(path.name)
     if m:
         return int(m.group(1))
     ranks = {e.rank for e in events if e.rank is not None}

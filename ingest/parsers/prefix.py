@@ -58,3 +58,8 @@ def split_prefix(text: str) -> Prefix:
             rank = int(m.group("mpi"))
         pos = m.end()
     return Prefix(rank, local_rank, text[pos:])
+
+
+# A rank's own file is usually named for it: rank3.log, rank_3.txt, worker-rank-3.out, r3.log,
+# trace_rank1.json. Shared by `fleetwatch diagnose` and the agent.
+RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|r)[_-]?(\d{1,6})(?:\D|$)", re.IGNORECASE)
