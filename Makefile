@@ -9,7 +9,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 PYTEST_ARGS       ?=
 
-.PHONY: setup run test test-embedded test-services services lint format bench clean
+.PHONY: setup run test test-embedded test-services services worker beat lint format bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ test-services: setup services
 services:
 	bash scripts/services.sh
 
+## worker: a Celery worker (needs CELERY_BROKER_URL and DATABASE_URL). Both queues by default;
+## `make worker QUEUES=ingest` or `QUEUES=analysis` for one, to scale parsing and analysis apart.
+QUEUES ?= ingest,analysis
+worker: setup
+	$(BIN)/celery -A fleet worker -Q $(QUEUES) --loglevel=INFO
+
+## beat: the periodic tasks (fleet memory, weekly report, the sweep that re-enqueues lost work)
+beat: setup
+	$(BIN)/celery -A fleet beat --loglevel=INFO --schedule var/celerybeat-schedule
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -48,8 +58,12 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: setup
+bench: setup services
 	$(BIN)/python -m bench
+
+## bench-quick: the CI-sized bench (smaller inputs, a 128-host load burst); exits 1 on a failed gate
+bench-quick: setup services
+	$(BIN)/python -m bench --quick
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,30 +1,41 @@
-"""Celery tasks for analysis: thin, idempotent, taking ids."""
+"""Celery tasks for analysis: thin, idempotent, taking ids. They run on the ``analysis`` queue."""
 
 from __future__ import annotations
 
 from celery import shared_task
-from django.db import OperationalError
 from django.utils import timezone
 
 from analysis import services
+from fleet.celery import DATABASE_TRANSIENT, redelivered, retry_countdown
 from fleet.models import Attempt
 
 
-@shared_task(autoretry_for=(OperationalError,), retry_backoff=True, max_retries=8)
-def attempt_classify(attempt_id: int) -> None:
-    attempt = Attempt.objects.filter(pk=attempt_id).first()
-    if attempt is None:
-        return
-    now = timezone.now()
-    if not services.attempt_settled(attempt, now):
-        # A later upload's own task (enqueued after it parsed) will classify the attempt.
-        return
-    if not services.attempt_claim_for_classify(attempt_id, now):
-        return
-    services.incident_classify(attempt, now)
+@shared_task(bind=True, max_retries=8)
+def attempt_classify(self, attempt_id: int, takeover: bool = False) -> None:
+    try:
+        attempt = Attempt.objects.filter(pk=attempt_id).first()
+        if attempt is None:
+            return
+        now = timezone.now()
+        if not services.attempt_settled(attempt, now):
+            # A later upload's own task (enqueued after it parsed) will classify the attempt.
+            return
+        claimed = services.attempt_claim_for_classify(attempt_id, now)
+        # A run that claimed and then died (worker killed: the message is re-delivered) or
+        # failed on the database (the retry) left the claim set: its successor takes it over.
+        # Classifying twice is safe: the incident is unique on its attempt.
+        if not (claimed or takeover or redelivered(self)):
+            return
+        services.incident_classify(attempt, now)
+    except DATABASE_TRANSIENT as exc:
+        raise self.retry(
+            exc=exc,
+            kwargs={"attempt_id": attempt_id, "takeover": True},
+            countdown=retry_countdown(self),
+        ) from exc
 
 
-@shared_task(autoretry_for=(OperationalError,), retry_backoff=True, max_retries=5)
+@shared_task(autoretry_for=DATABASE_TRANSIENT, retry_backoff=True, max_retries=5)
 def fleet_correlate() -> None:
     """Recompute recurrence scores for the whole fleet (periodic, and soon after incidents)."""
     from analysis import memory
@@ -32,7 +43,7 @@ def fleet_correlate() -> None:
     memory.fleet_correlate()
 
 
-@shared_task(autoretry_for=(OperationalError,), retry_backoff=True, max_retries=5)
+@shared_task(autoretry_for=DATABASE_TRANSIENT, retry_backoff=True, max_retries=5)
 def weekly_report_build(week: str = "") -> None:
     """Beat, every Monday: the report for the week before. Never rebuilds a finished week."""
     from analysis import report

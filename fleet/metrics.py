@@ -17,17 +17,21 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from analysis.classify import CULPRITS
 
 
-def celery_queue_depth() -> int | None:
-    """Messages waiting in the Celery queue (Redis LLEN), or None without a Redis broker."""
+def queue_names() -> list[str]:
+    queues = getattr(settings, "CELERY_TASK_QUEUES", None) or ()
+    return [q.name for q in queues] or [getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", "celery")]
+
+
+def celery_queue_depth() -> dict[str, int] | None:
+    """Messages waiting in each Celery queue (Redis LLEN), or None without a Redis broker."""
     url = getattr(settings, "CELERY_BROKER_URL", "")
     if not url.startswith(("redis://", "rediss://")):
         return None
     import redis
 
-    queue = getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", "celery")
     client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
     try:
-        return int(client.llen(queue))
+        return {queue: int(client.llen(queue)) for queue in queue_names()}
     finally:
         client.close()
 
@@ -103,15 +107,16 @@ class FleetCollector:
             yield _queue_family(depth)
 
 
-def _queue_family(depth: int) -> GaugeMetricFamily:
+def _queue_family(depth: dict[str, int]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
-        "fleetwatch_queue_depth", "Tasks waiting in the Celery queue", labels=["queue"]
+        "fleetwatch_queue_depth", "Tasks waiting in each Celery queue", labels=["queue"]
     )
-    family.add_metric([getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", "celery")], depth)
+    for queue, waiting in depth.items():
+        family.add_metric([queue], waiting)
     return family
 
 
-def celery_queue_depth_safe() -> int | None:
+def celery_queue_depth_safe() -> dict[str, int] | None:
     # A broker that is down must not take the whole scrape with it: the gauge goes missing,
     # which Prometheus alerting sees as absent().
     try:

@@ -68,8 +68,11 @@ def attempt_report(
         if gpu_model and not host.gpu_model:
             updates["gpu_model"] = gpu_model
         Host.objects.filter(pk=host.pk).update(**updates)
-        for rank in ranks or []:
-            RankPlacement.objects.get_or_create(attempt=attempt, rank=rank, defaults={"host": host})
+        # First report of a rank wins, as get_or_create would; one query for all of them.
+        RankPlacement.objects.bulk_create(
+            [RankPlacement(attempt=attempt, rank=rank, host=host) for rank in ranks or []],
+            ignore_conflicts=True,
+        )
     # What this attempt runs on and with: the denominator fleet memory compares failures to.
     from analysis.memory import exposures_record
 

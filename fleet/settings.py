@@ -48,6 +48,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A database down answers 503 + Retry-After, a full disk 507, not a 500.
+    "fleet.middleware.UnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -84,7 +86,11 @@ if DATABASE_URL:
         )
     DATABASES = {
         "default": dj_database_url.parse(
-            DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0)
+            DATABASE_URL,
+            conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0),
+            # A persistent connection outlives a database restart: check it before reusing it,
+            # so the first request after the restart gets a fresh one instead of an error.
+            conn_health_checks=True,
         )
     }
 else:
@@ -98,12 +104,19 @@ else:
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# While the database is unreachable the API answers 503 with this Retry-After (seconds).
+FLEETWATCH_RETRY_AFTER_SECONDS = env_int("FLEETWATCH_RETRY_AFTER_SECONDS", 5, minimum=1)
 
 # --- Cache (rate limits, debounce); Redis when configured ------------------------------------
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            # A Redis that is down or black-holed must not hang a request (rate limits fail open).
+            "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+        }
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -144,7 +157,8 @@ if S3_BUCKET:
     }
 else:
     ARTIFACT_STORAGE = {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        # FileSystemStorage that writes a blob whole or not at all (a full disk leaves nothing).
+        "BACKEND": "ingest.storage.ArtifactFileSystemStorage",
         "OPTIONS": {"location": MEDIA_ROOT},
     }
 STORAGES = {
@@ -174,15 +188,73 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a worker killed mid-task leaves the message for another
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_DEFAULT_QUEUE = "fleetwatch"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+
+# Two queues so that parsing and analysis scale (and back up) independently: a burst of uploads
+# never waits behind a weekly report, and classification never waits behind 2,000 parses.
+# A worker without -Q consumes both; `celery -A fleet worker -Q ingest` or `-Q analysis` one.
+# Each queue has an exchange and routing key of its own: a queue declared by name alone is bound
+# to the default exchange and key, and every message would then land in both queues.
+from kombu import Exchange, Queue  # noqa: E402
+
+CELERY_TASK_QUEUES = tuple(
+    Queue(name, Exchange(name), routing_key=name) for name in ("ingest", "analysis")
+)
+CELERY_TASK_DEFAULT_QUEUE = "analysis"
+CELERY_TASK_DEFAULT_EXCHANGE = "analysis"
+CELERY_TASK_DEFAULT_ROUTING_KEY = "analysis"
+CELERY_TASK_ROUTES = {
+    "ingest.tasks.*": {"queue": "ingest"},
+    "analysis.tasks.*": {"queue": "analysis"},
+}
+
+# The broker may be down when an upload commits. A publish then fails fast — a few quick
+# retries, bounded connect and socket timeouts (a black-holed Redis would otherwise hang the
+# request) — and is logged and dropped: the committed row is the record, and the sweeper below
+# re-enqueues it once the broker is back.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
+CELERY_BROKER_CONNECTION_TIMEOUT = 2.0
+# Redis re-delivers a message a killed worker had taken (acks_late) only after the visibility
+# timeout. It must exceed the longest task and the longest countdown (the settle window), or a
+# healthy, slow task is delivered twice (harmless: claims and idempotent writes, but wasted).
+FLEETWATCH_BROKER_VISIBILITY_TIMEOUT = env_int(
+    "FLEETWATCH_BROKER_VISIBILITY_TIMEOUT", 1800, minimum=1
+)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": FLEETWATCH_BROKER_VISIBILITY_TIMEOUT,
+    "socket_connect_timeout": 2.0,
+    "socket_timeout": 5.0,  # Redis answers in microseconds; BRPOP polls every second
+    "socket_keepalive": True,
+}
+
+# The sweeper (ingest.tasks.uploads_sweep; beat, and whenever a worker starts) re-enqueues what
+# has no live message: uploads still received after the grace (their publish failed, or the
+# broker lost the message), parse claims older than STALE_CLAIM, and attempts parsed but never
+# classified. A re-enqueued upload whose message was only queued costs one no-op claim.
+# Seconds one parse may run (a 4 GiB log parses in well under a minute here): past it the parse
+# is failed with the reason, and a worker stuck where Python cannot stop it is killed 5 s later.
+FLEETWATCH_PARSE_TIME_LIMIT = env_int("FLEETWATCH_PARSE_TIME_LIMIT", 600, minimum=1)
+FLEETWATCH_SWEEP_SECONDS = env_float("FLEETWATCH_SWEEP_SECONDS", 60.0, minimum=1.0)
+FLEETWATCH_SWEEP_GRACE_SECONDS = env_float("FLEETWATCH_SWEEP_GRACE_SECONDS", 120.0, minimum=0.0)
+FLEETWATCH_SWEEP_BATCH = env_int("FLEETWATCH_SWEEP_BATCH", 500, minimum=1)
 
 # Seconds to wait after the last upload of an attempt before classifying it, so that the logs of
 # every rank join one incident. Eager mode has no delayed tasks: classify at once.
 FLEETWATCH_SETTLE_SECONDS = env_float(
     "FLEETWATCH_SETTLE_SECONDS", 0.0 if CELERY_TASK_ALWAYS_EAGER else 10.0, minimum=0.0
 )
+if FLEETWATCH_SETTLE_SECONDS >= FLEETWATCH_BROKER_VISIBILITY_TIMEOUT:
+    # A countdown longer than the visibility timeout is re-delivered again and again.
+    raise ImproperlyConfigured(
+        f"FLEETWATCH_BROKER_VISIBILITY_TIMEOUT={FLEETWATCH_BROKER_VISIBILITY_TIMEOUT} must exceed "
+        f"FLEETWATCH_SETTLE_SECONDS={FLEETWATCH_SETTLE_SECONDS}"
+    )
 
 # --- Fleet memory ----------------------------------------------------------------------------
 # Days of incidents and attempts that recurrence scores read (older evidence also decays).
@@ -191,6 +263,7 @@ FLEETWATCH_MEMORY_DAYS = env_int("FLEETWATCH_MEMORY_DAYS", 7, minimum=1)
 FLEETWATCH_CORRELATE_SECONDS = env_int("FLEETWATCH_CORRELATE_SECONDS", 60, minimum=0)
 CELERY_BEAT_SCHEDULE = {
     "fleet-correlate": {"task": "analysis.tasks.fleet_correlate", "schedule": 300.0},
+    "uploads-sweep": {"task": "ingest.tasks.uploads_sweep", "schedule": FLEETWATCH_SWEEP_SECONDS},
 }
 
 # --- REST framework --------------------------------------------------------------------------
@@ -201,6 +274,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["ingest.auth.CanRead"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    # DRF's parsers, with JSON nested too deeply for the decoder answered 400, not 500.
+    "DEFAULT_PARSER_CLASSES": [
+        "fleet.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "fleet.api.Pagination",
     "PAGE_SIZE": env_int("FLEETWATCH_PAGE_SIZE", 50, minimum=1),
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -67,6 +67,10 @@ class Upload(models.Model):
     line_count = models.BigIntegerField(null=True, blank=True)
     event_count = models.PositiveIntegerField(default=0)
     ranks = models.JSONField(default=list)  # every rank the parsed content named
+    # Parse runs started from a fresh or re-delivered message. A run that never reports back
+    # (its worker was killed: by the time limit, out of memory, a crash) leaves its count, and
+    # an upload that has taken MAX_PARSE_TRIES workers down is failed instead of tried again.
+    parse_tries = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-received_at"]

@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
+import time
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.core.files.base import File
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from fleet.models import Attempt, Host, Job, RankPlacement
 from ingest.models import AgentKey, Event, Upload
 from ingest.parsers import parse_artifact
 from ingest.parsers.detect import detect_kind, is_gzip, looks_binary
-from ingest.parsers.events import MAX_EVENT_TEXT
+from ingest.parsers.events import event_row, storable_text
 
 log = logging.getLogger(__name__)
 
 READ_BLOCK = 1 << 20
 # A parse claimed longer ago than this belongs to a worker that died: another may take it over.
 STALE_CLAIM = timedelta(minutes=15)
+# Parse runs an upload may start before it is failed: one that took its worker down this many
+# times (killed at the time limit, out of memory) is a poison message, not bad luck.
+MAX_PARSE_TRIES = 3
+# After a publish failed, this process does not try the broker again for this long.
+BROKER_BACKOFF = timedelta(seconds=5)
+_broker_down_until = 0.0
+# The artifact store has no room: answered 507, and the agent keeps the file and comes back.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class UploadRejected(ValueError):
@@ -62,19 +74,31 @@ def _scan(fileobj) -> tuple[str, int, bytes, bool]:
         digest.update(block)
         if inflater is not None:
             try:
-                # Inflate in bounded steps so a gzip bomb never sits in memory whole.
-                chunk = inflater.decompress(block, READ_BLOCK)
-                while True:
-                    inflated += len(chunk)
-                    if len(head) < 65536:
-                        head += chunk[: 65536 - len(head)]
-                    if inflated > limit:
-                        raise UploadRejected(
-                            f"gzip content inflates beyond the {limit} byte limit", 413
-                        )
-                    if not inflater.unconsumed_tail:
-                        break
-                    chunk = inflater.decompress(inflater.unconsumed_tail, READ_BLOCK)
+                data = block
+                while data:
+                    if inflater.eof:
+                        # Another gzip member (concatenated gzip, zero padding between members):
+                        # every gzip reader, the parsers' too, inflates it, so it counts too.
+                        data = data.lstrip(b"\0")
+                        if not data:
+                            break
+                        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    # Inflate in bounded steps so a gzip bomb never sits in memory whole.
+                    chunk = inflater.decompress(data, READ_BLOCK)
+                    while True:
+                        inflated += len(chunk)
+                        if len(head) < 65536:
+                            head += chunk[: 65536 - len(head)]
+                        if inflated > limit:
+                            raise UploadRejected(
+                                f"gzip content inflates beyond the {limit} byte limit", 413
+                            )
+                        # At a member's end what follows is in unused_data (and unconsumed_tail
+                        # still holds it too: inflating that again would loop for ever).
+                        if inflater.eof or not inflater.unconsumed_tail:
+                            break
+                        chunk = inflater.decompress(inflater.unconsumed_tail, READ_BLOCK)
+                    data = inflater.unused_data if inflater.eof else b""
             except zlib.error as exc:
                 raise UploadRejected(f"gzip stream is corrupt: {exc}") from exc
         elif len(head) < 65536:
@@ -119,7 +143,18 @@ def upload_receive(
     storage = Upload._meta.get_field("blob").storage
     name = f"uploads/{sha256[:2]}/{sha256}{'.gz' if compressed else ''}"
     if not storage.exists(name):
-        name = storage.save(name, File(fileobj, name=name))
+        try:
+            name = storage.save(name, File(fileobj, name=name))
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            # The storage backend leaves no partial blob (ingest/storage.py) and no row exists.
+            log.error("artifact storage full: upload of %d bytes from %s refused", size, hostname)
+            raise UploadRejected(
+                f"artifact storage is full ({exc.strerror}): the {size} byte file was not "
+                "stored; keep it and send it again later",
+                507,
+            ) from exc
     try:
         with transaction.atomic():
             attempt, _ = Attempt.objects.get_or_create(job=job, number=attempt_number)
@@ -145,7 +180,8 @@ def upload_receive(
             artifact_requests_fulfil(upload)
             from ingest.tasks import upload_parse
 
-            upload_parse.delay_on_commit(upload.pk)
+            # After commit, and never failing the request: the row is the record (outbox).
+            transaction.on_commit(partial(task_publish, upload_parse, upload.pk))
     except IntegrityError:
         # The same bytes arrived concurrently on another connection: that one won.
         existing = Upload.objects.filter(sha256=sha256, host=host, job=job).first()
@@ -155,21 +191,73 @@ def upload_receive(
     return Received(upload, created=True)
 
 
-def _claim(upload_id: int) -> bool:
+def task_publish(task, *args, **options) -> bool:
+    """Send a task to the broker; when the broker is down, log it and return False.
+
+    Called after a commit, so the row is already the record: the request (or the task) that
+    committed it must not fail now, and ``uploads_sweep`` re-enqueues what never got a message.
+    The publish itself is bounded (CELERY_TASK_PUBLISH_RETRY_POLICY and the transport's
+    timeouts), and after a failure this process leaves the broker alone for BROKER_BACKOFF, so
+    during an outage a burst of uploads is answered at full speed rather than each one waiting
+    out the retries. Eager mode (no broker) runs the task here and lets its errors through."""
+    global _broker_down_until
+    if task.app.conf.task_always_eager:
+        task.apply_async(args, **options)
+        return True
+    if time.monotonic() < _broker_down_until:
+        log.info("broker unreachable moments ago: %s%r left to the sweeper", task.name, args)
+        return False
+    try:
+        task.apply_async(args, **options)
+    except (KombuOperationalError, OSError) as exc:
+        _broker_down_until = time.monotonic() + BROKER_BACKOFF.total_seconds()
+        log.warning("could not enqueue %s%r (%s); the sweeper will", task.name, args, exc)
+        return False
+    return True
+
+
+def _claim(upload_id: int, *, takeover: bool = False, retry: bool = False) -> bool:
     now = timezone.now()
-    return bool(
-        Upload.objects.filter(pk=upload_id)
-        .filter(
-            Q(status=Upload.Status.RECEIVED)
-            | Q(status=Upload.Status.PARSING, parsed_at__lt=now - STALE_CLAIM)
-        )
-        .update(status=Upload.Status.PARSING, parsed_at=now)
+    claimable = Q(status=Upload.Status.RECEIVED) | Q(
+        status=Upload.Status.PARSING, parsed_at__lt=now - STALE_CLAIM
     )
+    if takeover or retry:
+        # The claim's holder is gone: the broker re-delivered its message because the worker
+        # died (acks_late), or this is the retry of a run that failed. Taking over is safe:
+        # a parse replaces the upload's events in one transaction under a row lock.
+        claimable |= Q(status=Upload.Status.PARSING)
+    if retry:
+        # The run before this one reported back (a database error): it does not count.
+        claim = {}
+    else:
+        claimable &= Q(parse_tries__lt=MAX_PARSE_TRIES)
+        claim = {"parse_tries": F("parse_tries") + 1}
+    claimed = (
+        Upload.objects.filter(pk=upload_id)
+        .filter(claimable)
+        .update(status=Upload.Status.PARSING, parsed_at=now, **claim)
+    )
+    if not claimed and not retry:
+        spent = Upload.objects.filter(
+            pk=upload_id,
+            status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING],
+            parse_tries__gte=MAX_PARSE_TRIES,
+        )
+        if spent.update(
+            status=Upload.Status.FAILED,
+            error=f"the parse never finished: {MAX_PARSE_TRIES} runs each ended with their "
+            "worker killed (the time limit, memory) or crashed; not tried again. The artifact "
+            "is kept.",
+        ):
+            log.error("upload %s: its parse took %d workers down", upload_id, MAX_PARSE_TRIES)
+    return bool(claimed)
 
 
-def upload_parse(upload_id: int) -> None:
-    """Parse one upload into events. Safe to run twice: the claim lets one run through."""
-    if not _claim(upload_id):
+def upload_parse(upload_id: int, *, takeover: bool = False, retry: bool = False) -> None:
+    """Parse one upload into events. Safe to run twice: the claim lets one run through, and a
+    run that takes over a claim (``takeover``, or the ``retry`` after a database error)
+    replaces, never adds to, the events."""
+    if not _claim(upload_id, takeover=takeover, retry=retry):
         return
     upload = Upload.objects.select_related("attempt").get(pk=upload_id)
     try:
@@ -187,39 +275,94 @@ def upload_parse(upload_id: int) -> None:
             upload=upload,
             attempt_id=upload.attempt_id,
             kind=event.kind,
-            rank=event.rank if event.rank is not None else upload.rank,
-            line=event.line,
-            text=event.text[:MAX_EVENT_TEXT],
-            attrs=event.attrs(),
+            # Bounded and storable on every backend: the content is untrusted.
+            **event_row(event, default_rank=upload.rank),
         )
         for event in result.events
     ]
     ranks = sorted({r.rank for r in rows if r.rank is not None})
-    problems = "; ".join(f"line {i.line}: {i.message}" for i in result.issues[:20])
+    problems = "; ".join(
+        f"line {i.line}: {i.message}" if i.line else i.message for i in result.issues[:20]
+    )
+    # Accepted but unreadable as its kind (a refused pickle, a truncated dump): failed, saying why.
+    unreadable = not result.complete and not rows
     now = timezone.now()
     with transaction.atomic():
+        # Two runs of one upload (a take-over while the first was still alive) serialise on the
+        # row, so the second deletes what the first committed instead of adding to it.
+        if not list(Upload.objects.select_for_update().filter(pk=upload_id).values_list("pk")):
+            return
         Event.objects.filter(upload=upload).delete()
         Event.objects.bulk_create(rows, batch_size=1000)
         Upload.objects.filter(pk=upload_id).update(
-            status=Upload.Status.PARSED,
+            status=Upload.Status.FAILED if unreadable else Upload.Status.PARSED,
             parsed_at=now,
             line_count=result.lines,
             event_count=len(rows),
             ranks=ranks,
-            error=problems[:4000],
+            error=storable_text(problems[:4000]),
         )
         Attempt.objects.filter(pk=upload.attempt_id).update(last_parsed_at=now)
         from analysis.tasks import attempt_classify
 
         transaction.on_commit(
-            lambda: attempt_classify.apply_async(
-                (upload.attempt_id,), countdown=settings.FLEETWATCH_SETTLE_SECONDS
+            partial(
+                task_publish,
+                attempt_classify,
+                upload.attempt_id,
+                countdown=settings.FLEETWATCH_SETTLE_SECONDS,
             )
         )
 
 
+def uploads_sweep(now=None) -> dict[str, int]:
+    """Re-enqueue the work that has no live message (beat, and whenever a worker starts).
+
+    Uploads still received after the grace (their publish failed while the broker was down, or
+    the broker lost the message), parse claims older than STALE_CLAIM (a worker died and its
+    message never came back), and attempts whose uploads all parsed but which were never
+    classified after the settle window. Each task is safe to run twice, so a message that was
+    merely slow costs one no-op claim. Stops at the first failed publish: the broker is down and
+    the next sweep will try again."""
+    from analysis.tasks import attempt_classify
+    from ingest.tasks import upload_parse
+
+    now = now or timezone.now()
+    grace = timedelta(seconds=settings.FLEETWATCH_SWEEP_GRACE_SECONDS)
+    settle = timedelta(seconds=settings.FLEETWATCH_SETTLE_SECONDS)
+    batch = settings.FLEETWATCH_SWEEP_BATCH
+    uploads = list(
+        Upload.objects.filter(
+            Q(status=Upload.Status.RECEIVED, received_at__lt=now - grace)
+            | Q(status=Upload.Status.PARSING, parsed_at__lt=now - STALE_CLAIM)
+        )
+        .order_by("received_at")
+        .values_list("pk", flat=True)[:batch]
+    )
+    attempts = list(
+        Attempt.objects.filter(last_parsed_at__lt=now - settle - grace)
+        .filter(Q(classified_at__isnull=True) | Q(classified_at__lt=F("last_parsed_at")))
+        .exclude(uploads__status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING])
+        .order_by("last_parsed_at")
+        .values_list("pk", flat=True)[:batch]
+    )
+    sent = {"uploads": 0, "attempts": 0}
+    work = (("uploads", upload_parse, uploads), ("attempts", attempt_classify, attempts))
+    for kind, task, ids in work:
+        for pk in ids:
+            if not task_publish(task, pk):
+                log.warning("sweep stopped: the broker refused a message")
+                return sent
+            sent[kind] += 1
+    if any(sent.values()):
+        log.info("sweep re-enqueued %(uploads)d uploads and %(attempts)d attempts", sent)
+    return sent
+
+
 def upload_mark_failed(upload_id: int, reason: str) -> None:
-    Upload.objects.filter(pk=upload_id).update(status=Upload.Status.FAILED, error=reason[:4000])
+    Upload.objects.filter(pk=upload_id).update(
+        status=Upload.Status.FAILED, error=storable_text(reason[:4000])
+    )
 
 
 def artifact_requests_for_incident(incident, attempt: Attempt) -> int:

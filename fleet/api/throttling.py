@@ -6,10 +6,15 @@ A module of its own, importing no DRF views: ``DEFAULT_THROTTLE_CLASSES`` is res
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
+from redis.exceptions import RedisError
 from rest_framework.throttling import SimpleRateThrottle
 
 from ingest.models import AgentKey
+
+log = logging.getLogger(__name__)
 
 
 class AgentKeyThrottle(SimpleRateThrottle):
@@ -40,7 +45,13 @@ class AgentKeyThrottle(SimpleRateThrottle):
         self.scope = self.view_scope(view)
         self.rate = self.get_rate()
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
+        try:
+            return super().allow_request(request, view)
+        except RedisError as exc:
+            # The cache is down (often the broker's Redis too): count nothing rather than refuse
+            # everything. No upload may depend on Redis being up at that instant (issue 9).
+            log.warning("rate limit not counted, the cache is unavailable: %s", exc)
+            return True
 
     def get_cache_key(self, request, view):
         if isinstance(request.auth, AgentKey):

@@ -69,20 +69,21 @@ def test_metrics_are_the_same_from_any_worker(client):
     assert b'fleetwatch_incidents_total{culprit="bad_node_hardware"} 2.0' in render()[0]
 
 
-def test_queue_depth_reads_llen_of_the_celery_queue(monkeypatch, settings):
+def test_queue_depth_reads_llen_of_each_celery_queue(monkeypatch, settings):
     from fleet import metrics
 
     class FakeRedis:
         def llen(self, name):
-            assert name == "fleetwatch"
-            return 17
+            return {"ingest": 17, "analysis": 3}[name]
 
         def close(self):
             pass
 
     settings.CELERY_BROKER_URL = "redis://broker:6379/0"
     monkeypatch.setattr("redis.Redis.from_url", lambda *a, **k: FakeRedis())
-    assert b'fleetwatch_queue_depth{queue="fleetwatch"} 17.0' in metrics.render()[0]
+    rendered = metrics.render()[0]
+    assert b'fleetwatch_queue_depth{queue="ingest"} 17.0' in rendered
+    assert b'fleetwatch_queue_depth{queue="analysis"} 3.0' in rendered
 
 
 def test_metrics_token_when_configured(client, settings):

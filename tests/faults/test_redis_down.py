@@ -1,0 +1,125 @@
+"""Redis down: uploads are still accepted, and parsed and classified once it is back.
+
+No upload may depend on the broker being up at the instant it arrives. The row committed by the
+upload is the record; the publish that fails after it is logged and dropped, and the sweeper
+(beat, and every worker start) re-enqueues what never got a message."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from fleet.demo import JobScenario, rank_log
+
+from .stack import json_of, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_uploads_during_a_broker_outage_are_accepted_then_parsed_once_and_classified(stack):
+    broker = stack.redis()
+    env = stack.env(
+        broker,
+        FLEETWATCH_SWEEP_SECONDS="1",
+        FLEETWATCH_SWEEP_GRACE_SECONDS="1",
+    )
+    web = stack.gunicorn(env)
+    worker = stack.worker("both", env, beat=True)
+    worker.wait_ready()
+
+    broker.stop()  # every queued message is gone with it (no persistence)
+    scenario = JobScenario("job-outage", ["gpu-o1", "gpu-o2"], world=4, lagging=0, seq=912)
+    ids = []
+    for rank in range(4):
+        response = web.upload(
+            stack.key,
+            rank_log(scenario, rank).encode(),
+            filename=f"rank{rank}.log",
+            host=scenario.host_of(rank),
+            job=scenario.job,
+            rank=rank,
+        )
+        assert response.status == 202, (json_of(response), stack.logs_text())
+        ids.append(json_of(response)["id"])
+    db = stack.database
+    assert db.rows("SELECT DISTINCT status FROM ingest_upload") == [("received",)]
+    assert "could not enqueue ingest.tasks.upload_parse" in web.log()
+
+    broker.start()  # the same port, empty
+    wait_until(
+        lambda: worker.assert_alive() or db.value("SELECT count(*) FROM analysis_incident") == 1,
+        90,
+        "the uploads to be parsed and the incident classified after the broker came back",
+        every=0.2,
+    )
+    assert db.rows("SELECT id, status FROM ingest_upload ORDER BY id") == [
+        (i, "parsed") for i in sorted(ids)
+    ]
+    # Parsed exactly once: each upload's events are one set, none doubled by a second run.
+    counted = db.rows(
+        "SELECT u.id, u.event_count, count(e.id) FROM ingest_upload u "
+        "LEFT JOIN ingest_event e ON e.upload_id = u.id GROUP BY u.id, u.event_count"
+    )
+    assert all(events > 0 and events == expected for _, expected, events in counted), counted
+    assert not db.rows(
+        "SELECT upload_id, line, kind FROM ingest_event GROUP BY upload_id, line, kind "
+        "HAVING count(*) > 1"
+    )
+    suspects = db.value("SELECT suspects FROM analysis_incident")
+    assert [s["id"] for s in suspects if s["kind"] == "rank"] == ["0"]
+
+
+def test_a_worker_starting_after_the_outage_picks_up_what_was_accepted_during_it(stack):
+    # No beat here: the sweep a worker runs when it starts is what finds the uploads.
+    broker = stack.redis()
+    env = stack.env(broker, FLEETWATCH_SWEEP_GRACE_SECONDS="0")
+    web = stack.gunicorn(env, workers=1)
+    broker.stop()
+    scenario = JobScenario("job-cold", ["gpu-c1"], world=2, lagging=1, seq=12)
+    for rank in (0, 1):
+        response = web.upload(
+            stack.key,
+            rank_log(scenario, rank).encode(),
+            filename=f"rank{rank}.log",
+            host="gpu-c1",
+            job=scenario.job,
+            rank=rank,
+        )
+        assert response.status == 202, (json_of(response), web.tail())
+
+    broker.start()
+    worker = stack.worker("late", env)
+    db = stack.database
+    wait_until(
+        lambda: worker.assert_alive() or db.value("SELECT count(*) FROM analysis_incident") == 1,
+        90,
+        "the starting worker to parse both uploads and classify the incident",
+        every=0.2,
+    )
+    assert db.rows("SELECT DISTINCT status FROM ingest_upload") == [("parsed",)]
+    assert "Task ingest.tasks.uploads_sweep[" in worker.log()
+
+
+def test_a_broker_that_accepts_connections_but_never_answers_does_not_hang_an_upload(stack):
+    # A black-holed Redis (a dead host behind a live proxy, a half-open connection): the kernel
+    # completes the TCP handshake on this socket's backlog, and nothing ever replies.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}"
+        env = stack.env(CELERY_BROKER_URL=f"{url}/0", REDIS_URL=f"{url}/1")
+        web = stack.gunicorn(env, workers=1)
+        for rank in (0, 1):
+            response = web.upload(
+                stack.key,
+                f"rank {rank} step 1 loss 2.0\n".encode(),
+                filename=f"rank{rank}.log",
+                host="gpu-silent",
+                job="job-silent",
+                rank=rank,
+            )
+            # Answered (the client would give up after 60 s), accepted, and kept for the sweep.
+            assert response.status == 202, (json_of(response), web.tail())
+    assert stack.database.rows("SELECT DISTINCT status FROM ingest_upload") == [("received",)]
+    assert "could not enqueue ingest.tasks.upload_parse" in web.log()
