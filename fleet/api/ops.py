@@ -210,7 +210,11 @@ ERRORS = {
     "403": "The key lacks the scope this endpoint needs",
     "404": "No such object (or page)",
     "429": "Rate limit for this key exceeded; see Retry-After",
+    "503": "The database is unavailable (restarting or unreachable): nothing was done; see "
+    "Retry-After",
 }
+# Any operation with a body: form fields or a JSON body over DATA_UPLOAD_MAX_MEMORY_SIZE.
+TOO_LARGE = "Request body (or, for uploads, the file) larger than the limit"
 
 
 def schema_document_errors(result, generator, request, public):
@@ -234,4 +238,6 @@ def schema_document_errors(result, generator, request, public):
             responses = operation.setdefault("responses", {})
             for code, description in ERRORS.items():
                 responses.setdefault(code, {"description": description, "content": body})
+            if "requestBody" in operation:
+                responses.setdefault("413", {"description": TOO_LARGE, "content": body})
     return result

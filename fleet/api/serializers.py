@@ -1,6 +1,11 @@
+import re
+
 from rest_framework import serializers
 
 from fleet.models import Attempt, Host, Job
+
+# A config or version key: NCCL_IB_HCA, torch, dataloader.num_workers (printable, no NUL).
+CONFIG_KEY_RE = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]{1,100}")
 
 
 class HostSerializer(serializers.ModelSerializer):
@@ -20,9 +25,15 @@ class AttemptReportSerializer(serializers.Serializer):
 
     job = serializers.RegexField(r"^[\w.:@+/=-]{1,255}$", max_length=255)
     attempt = serializers.IntegerField(required=False, default=0, min_value=0, max_value=100_000)
-    event = serializers.ChoiceField(choices=["start", "end"])
+    # DRF's invalid_choice message quotes the value back, whatever its size: name the choices.
+    event = serializers.ChoiceField(
+        choices=["start", "end"], error_messages={"invalid_choice": "not one of start, end"}
+    )
     status = serializers.ChoiceField(
-        choices=["succeeded", "failed", "unknown"], required=False, allow_blank=True
+        choices=["succeeded", "failed", "unknown"],
+        required=False,
+        allow_blank=True,
+        error_messages={"invalid_choice": "not one of succeeded, failed, unknown"},
     )
     at = serializers.DateTimeField(required=False)
     host = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$", required=False)
@@ -48,6 +59,14 @@ class AttemptReportSerializer(serializers.Serializer):
         for field in ("config", "versions"):
             if len(data.get(field) or {}) > 200:
                 raise serializers.ValidationError({field: "at most 200 keys"})
+            # DictField checks values only. A key is a setting's name: it is stored (JSON) and
+            # shown, so it is held to what the values are: bounded, no NUL (PostgreSQL refuses
+            # it), no lone surrogate (no UTF-8 encoder takes one).
+            for key in data.get(field) or {}:
+                if not CONFIG_KEY_RE.fullmatch(key):
+                    raise serializers.ValidationError(
+                        {field: f"key {key[:40]!r}: a key is 1 to 100 printable characters"}
+                    )
         return data
 
 

@@ -1,3 +1,4 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ingest.models import Upload
@@ -5,10 +6,17 @@ from ingest.models import Upload
 # RFC 1123 host names (and the short names schedulers use); no slashes, no spaces.
 HOSTNAME_RE = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$"
 JOB_RE = r"^[\w.:@+/=-]{1,255}$"
+UPLOAD_KINDS = [k for k in Upload.Kind.values if k != "unknown"]
+
+
+@extend_schema_field({"type": "string", "format": "binary"})
+class ArtifactFileField(serializers.FileField):
+    """The uploaded bytes. drf-spectacular documents a FileField by its read form (a URL), which
+    told clients, and the API fuzzer, to send the file as a text field; it is a file part."""
 
 
 class UploadCreateSerializer(serializers.Serializer):
-    file = serializers.FileField(allow_empty_file=True)
+    file = ArtifactFileField(allow_empty_file=True)
     host = serializers.RegexField(HOSTNAME_RE, max_length=253)
     job = serializers.RegexField(JOB_RE, max_length=255)
     attempt = serializers.IntegerField(required=False, default=0, min_value=0, max_value=100_000)
@@ -16,7 +24,11 @@ class UploadCreateSerializer(serializers.Serializer):
         required=False, allow_null=True, min_value=0, max_value=10_000_000
     )
     kind = serializers.ChoiceField(
-        choices=[k for k in Upload.Kind.values if k != "unknown"], required=False, allow_blank=True
+        choices=UPLOAD_KINDS,
+        required=False,
+        allow_blank=True,
+        # DRF's message quotes the value back, whatever its size: name the choices instead.
+        error_messages={"invalid_choice": f"not one of {', '.join(UPLOAD_KINDS)}"},
     )
 
 

@@ -38,6 +38,9 @@ class UploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
             401: OpenApiResponse(description="no key or an unknown key"),
             403: OpenApiResponse(description="the key lacks the upload scope"),
             413: OpenApiResponse(description="file larger than the limit"),
+            507: OpenApiResponse(
+                description="artifact storage is full: nothing was stored; send it again later"
+            ),
         },
     )
     def create(self, request):

@@ -8,6 +8,8 @@ the CLI and the server treat all artifacts alike.
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -36,8 +38,25 @@ def sniff(stream: BinaryIO, filename: str = "") -> str:
     return detect_kind(head, filename)
 
 
+# What a parser bug meeting strange content raises.
+CONTENT_ERRORS = (
+    ArithmeticError,
+    AssertionError,
+    AttributeError,
+    EOFError,
+    LookupError,
+    MemoryError,
+    RuntimeError,  # RecursionError among them
+    TypeError,
+    ValueError,  # UnicodeError among them
+    struct.error,
+    zlib.error,
+)
+
+
 def parse_artifact(stream: BinaryIO | bytes, *, kind: str = "", source: str = "") -> LogParse:
-    """Parse any artifact; ``kind`` is detected when not given. Never raises on content."""
+    """Parse any artifact; ``kind`` is detected when not given. Never raises on content: what a
+    parser could not read is an issue, with ``complete`` False."""
     if isinstance(stream, bytes | bytearray):
         stream = io.BytesIO(stream)
     kind = kind or sniff(stream, source)
@@ -50,7 +69,19 @@ def parse_artifact(stream: BinaryIO | bytes, *, kind: str = "", source: str = ""
             issues=(ParseIssue(0, f"no parser for artifacts of kind {kind!r}"),),
             complete=False,
         )
-    return parser(stream, source=source)
+    try:
+        return parser(stream, source=source)
+    except CONTENT_ERRORS as exc:
+        # Parsers never raise on content; when one does anyway (a bug, a RecursionError on
+        # crafted nesting), the upload says so and fails instead of taking its worker down.
+        # What is not about the content (the storage failing to read, the worker's time limit)
+        # goes to the caller.
+        return LogParse(
+            source=source,
+            events=(),
+            issues=(ParseIssue(0, f"the {kind} parser failed: {type(exc).__name__}: {exc}"[:500]),),
+            complete=False,
+        )
 
 
 def _load_optional_parsers() -> None:

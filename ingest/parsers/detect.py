@@ -38,6 +38,11 @@ def detect_kind(head: bytes, filename: str = "") -> str:
             return "trace"
         if b'"entries"' in head and (b'"pg_config"' in head or b'"version"' in head):
             return "fr_dump"
+        # A dump of a rank that recorded nothing (2.10 JSON) has no "entries" key at all. Its
+        # "pg_status" / "comm_lib_version" are the Flight Recorder's own; "pg_config" alone is
+        # not (a Kineto trace's distributedInfo has one too).
+        if b'"pg_status"' in head or b'"comm_lib_version"' in head:
+            return "fr_dump"
         if b'"nvml"' in head or b'"gpus"' in head or b'"hw_stats"' in head:
             return "hw_stats"
     if name.endswith(".csv") and b"utilization.gpu" in head[:2048]:

@@ -8,11 +8,14 @@ from the parser to the database and back (``to_row`` / ``from_row``) and into th
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 # Evidence text is untrusted and unbounded; this is what we keep of one line.
 MAX_EVENT_TEXT = 2000
+# Event.rank and Event.line are 32-bit integer columns.
+MAX_STORED_INT = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +61,53 @@ class WorkProgress(Event):
     last_enqueued: int | None = None
     last_started: int | None = None
     last_completed: int | None = None
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every database backend can store it. Untrusted input reaches events as a NUL
+    (a log line, a JSON ``"\\u0000"``), which PostgreSQL refuses in text and jsonb, and as a lone
+    surrogate (a JSON ``"\\ud800"``), which no UTF-8 encoder takes: both become U+FFFD, as
+    invalid UTF-8 in a log does."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def storable(value: Any) -> Any:
+    """A parsed value as a JSON column can hold it: text made storable, NaN and infinities
+    (valid Python floats, refused by PostgreSQL's jsonb) as None, tuples as lists."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {storable_text(str(k)): storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(v) for v in value]
+    return value
+
+
+def storable_rank(rank: Any) -> int | None:
+    """A rank a crafted artifact names (``[rank99999999999]``, ``"rank": 1e18``) that no job
+    can have is no rank: None, rather than an integer column overflowing."""
+    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= MAX_STORED_INT:
+        return rank
+    return None
+
+
+def event_row(event: Event, *, default_rank: int | None = None) -> dict[str, Any]:
+    """The columns of one stored event (rank, line, text, attrs), bounded and storable."""
+    rank = storable_rank(event.rank)
+    return {
+        "rank": rank if rank is not None else default_rank,
+        "line": min(max(event.line, 0), MAX_STORED_INT),
+        "text": storable_text(event.text[:MAX_EVENT_TEXT]),
+        "attrs": storable(event.attrs()),
+    }
 
 
 EVENT_TYPES: dict[str, type[Event]] = {}

@@ -5,6 +5,10 @@ The document (``agents/records.py``) is one JSON object ``{"hw_stats": "fleetwat
 record becomes one event whose ``line`` is its index in ``records`` (1-based) and whose ``text``
 is a one-line description a verdict can cite. Unknown record types and bad values are issues,
 never exceptions.
+
+The document is untrusted like every upload: its size (compressed and inflated), its nesting,
+its number of records and the length of every string taken from it are bounded, and a value of
+the wrong type is read as absent.
 """
 
 from __future__ import annotations
@@ -12,14 +16,21 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
+import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 from .artifact import register_kind
 from .events import Event, register
 from .log import LogParse, ParseIssue
 
-MAX_DOCUMENT = 64 << 20
+# A real document is a few KB (a host's GPUs and NICs, one reading each); a time series of
+# readings stays well under this. Bounded so that a crafted one ("[{},{},…]") cannot turn into
+# millions of objects.
+MAX_DOCUMENT = 4 << 20
+MAX_RECORDS = 10_000
+MAX_ISSUES = 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,22 +165,38 @@ register(NicHealth)
 
 
 def _num(value, kind=float):
-    if value is None or isinstance(value, bool):
+    """A number, or None for anything else: a string that is not one, a list, NaN, infinity."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
     try:
-        return kind(value)
-    except (TypeError, ValueError):
+        number = kind(value)
+    except (ValueError, OverflowError):  # "abc", int(inf), a 5000-digit string
         return None
+    return None if isinstance(number, float) and not math.isfinite(number) else number
+
+
+def _text(value: Any, limit: int) -> str:
+    """A scalar as bounded text; a list or an object (which str() would render whole) as ''."""
+    if isinstance(value, str):
+        return value[:limit]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)[:limit]
+    return ""
+
+
+def _items(value: Any, limit: int = 256) -> list:
+    """A JSON array's first items; anything else (a number, a string, an object) as none."""
+    return list(value[:limit]) if isinstance(value, list) else []
 
 
 def _gpu(r: dict, host: str, at) -> tuple[GpuHealth, str]:
     remap = r.get("row_remap") if isinstance(r.get("row_remap"), dict) else {}
-    throttle = tuple(str(t) for t in (r.get("throttle_reasons") or ()) if isinstance(t, str))
+    throttle = tuple(t[:64] for t in _items(r.get("throttle_reasons"), 32) if isinstance(t, str))
     event = dict(
         host=host,
         index=_num(r.get("index"), int),
-        pci=str(r.get("pci") or "")[:64],
-        name=str(r.get("name") or "")[:100],
+        pci=_text(r.get("pci"), 64),
+        name=_text(r.get("name"), 100),
         ecc_uncorrected=_num(r.get("ecc_uncorrected_volatile"), int),
         ecc_corrected=_num(r.get("ecc_corrected_volatile"), int),
         remap_pending=bool(remap.get("pending")),
@@ -195,7 +222,7 @@ def _gpu(r: dict, host: str, at) -> tuple[GpuHealth, str]:
 
 
 def _host(r: dict, host: str, at) -> tuple[dict, str]:
-    disks = [d for d in r.get("disks") or () if isinstance(d, dict)]
+    disks = [d for d in _items(r.get("disks")) if isinstance(d, dict)]
     busiest = max(disks, key=lambda d: _num(d.get("busy_percent")) or 0.0, default={})
     event = dict(
         host=host,
@@ -204,7 +231,7 @@ def _host(r: dict, host: str, at) -> tuple[dict, str]:
         load1_per_core=_num(r.get("load1_per_core")),
         mem_percent=_num(r.get("mem_percent")),
         swap_percent=_num(r.get("swap_percent")),
-        disk=str(busiest.get("device") or "")[:64],
+        disk=_text(busiest.get("device"), 64),
         disk_busy_percent=_num(busiest.get("busy_percent")),
         disk_await_ms=_num(busiest.get("await_ms")),
         net_errors=_num(r.get("net_errors"), int),
@@ -221,7 +248,7 @@ def _host(r: dict, host: str, at) -> tuple[dict, str]:
 
 def _event(r: dict, index: int, doc: dict, source: str) -> Event | None:
     kind = r.get("type")
-    host = str(doc.get("host") or "")[:255]
+    host = _text(doc.get("host"), 255)
     at = doc.get("at")
     rank = _num(r.get("rank", doc.get("rank")), int)
     base = {"line": index, "source": source, "rank": rank}
@@ -239,8 +266,9 @@ def _event(r: dict, index: int, doc: dict, source: str) -> Event | None:
                 "port_xmit_discards",
             )
         }
-        device, port = str(r.get("device") or "")[:64], str(r.get("port") or "")[:8]
-        text = f"{host}: {device} port {port} {r.get('state') or ''}: " + ", ".join(
+        device, port = _text(r.get("device"), 64), _text(r.get("port"), 8)
+        state = _text(r.get("state"), 64)
+        text = f"{host}: {device} port {port} {state}: " + ", ".join(
             f"{k} {v}" for k, v in counters.items() if v
         )
         return NicHealth(
@@ -248,8 +276,8 @@ def _event(r: dict, index: int, doc: dict, source: str) -> Event | None:
             host=host,
             device=device,
             port=port,
-            state=str(r.get("state") or "")[:64],
-            rate=str(r.get("rate") or "")[:64],
+            state=state,
+            rate=_text(r.get("rate"), 64),
             at=_num(at),
             **counters,
             **base,
@@ -258,12 +286,11 @@ def _event(r: dict, index: int, doc: dict, source: str) -> Event | None:
         fields, text = _host(r, host, at)
         return HostStats(text=text, **base, **fields)
     if kind == "reader":
-        reader, ok, why = str(r.get("reader") or ""), bool(r.get("available")), r.get("reason")
+        reader, ok = _text(r.get("reader"), 64), bool(r.get("available"))
+        why = _text(r.get("reason"), 300)
         text = f"{host}: {reader} reader {'available' if ok else 'unavailable'}"
         text += f" ({why})" if why else ""
-        return ReaderStatus(
-            text=text, host=host, reader=reader, available=ok, reason=str(why or "")[:300], **base
-        )
+        return ReaderStatus(text=text, host=host, reader=reader, available=ok, reason=why, **base)
     if kind == "agent":
         dropped = _num(r.get("spool_dropped_items"), int) or 0
         return AgentSpool(
@@ -280,9 +307,9 @@ def _event(r: dict, index: int, doc: dict, source: str) -> Event | None:
             world_size=_num(r.get("world_size"), int),
             dataset_len=_num(r.get("dataset_len"), int),
             steps=_num(r.get("steps"), int),
-            dataset_fingerprint=str(r.get("dataset_fingerprint") or "")[:64],
-            order_fingerprint=str(r.get("order_fingerprint") or "")[:64],
-            sampler=str(r.get("sampler") or "")[:100],
+            dataset_fingerprint=_text(r.get("dataset_fingerprint"), 64),
+            order_fingerprint=_text(r.get("order_fingerprint"), 64),
+            sampler=_text(r.get("sampler"), 100),
         )
         text = (
             f"rank {rank} epoch {fields['epoch']}: dataset length {fields['dataset_len']}, "
@@ -302,7 +329,7 @@ def _event(r: dict, index: int, doc: dict, source: str) -> Event | None:
         )
         return ProgressStall(text=text, host=host, **base, **fields)
     if kind == "collective_failure":
-        op, error = str(r.get("op") or "")[:64], str(r.get("error") or "")[:2000]
+        op, error = _text(r.get("op"), 64), _text(r.get("error"), 2000)
         return CollectiveFailure(
             text=f"rank {rank} {op} failed: {error}"[:2000],
             op=op,
@@ -311,14 +338,15 @@ def _event(r: dict, index: int, doc: dict, source: str) -> Event | None:
             **base,
         )
     if kind == "probe":
-        slow = tuple(int(x) for x in r.get("slow_ranks") or () if isinstance(x, int))
-        verdict = str(r.get("verdict") or "")[:500]
+        slow = tuple(x for x in _items(r.get("slow_ranks"), 64) if isinstance(x, int))
+        verdict = _text(r.get("verdict"), 500)
+        world_size = _num(r.get("world_size"), int)
         return ProbeResult(
-            text=f"probe over {r.get('world_size')} ranks: {verdict}",
-            world_size=_num(r.get("world_size"), int),
+            text=f"probe over {world_size} ranks: {verdict}",
+            world_size=world_size,
             median_pair_gbs=_num(r.get("median_pair_gbs")),
             slow_ranks=slow,
-            slow_links=tuple(str(x)[:32] for x in r.get("slow_links") or ())[:64],
+            slow_links=tuple(_text(x, 32) for x in _items(r.get("slow_links"), 64)),
             verdict=verdict,
             **base,
         )
@@ -330,30 +358,47 @@ def parse_hw_stats(stream: BinaryIO | bytes, *, source: str = "") -> LogParse:
         stream = io.BytesIO(stream)
     raw = stream.read(MAX_DOCUMENT + 1)
     issues: list[ParseIssue] = []
+
+    def unreadable(why: str) -> LogParse:
+        return LogParse(
+            source, (), (ParseIssue(0, f"not a hardware stats document: {why}"),), 0, complete=False
+        )
+
+    if len(raw) > MAX_DOCUMENT:
+        return unreadable(f"larger than {MAX_DOCUMENT} bytes")
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            return LogParse(source, (), (ParseIssue(0, f"gzip: {exc}"),), complete=False)
+            # Inflate no more than the bound: a gzip bomb is cut, never held whole.
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as inflated:
+                raw = inflated.read(MAX_DOCUMENT + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            return unreadable(f"damaged gzip ({exc})")
     if len(raw) > MAX_DOCUMENT:
-        return LogParse(source, (), (ParseIssue(0, "document too large"),), complete=False)
+        return unreadable(f"larger than {MAX_DOCUMENT} bytes")
     try:
         doc = json.loads(raw)
     except ValueError as exc:
-        return LogParse(source, (), (ParseIssue(0, f"not JSON: {exc}"),), complete=False)
+        return unreadable(f"not JSON ({exc})")
+    except RecursionError:
+        return unreadable("JSON nested too deeply")
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-        return LogParse(source, (), (ParseIssue(0, "no 'records' list: not a Fleetwatch doc"),))
+        return unreadable("no 'records' list")
+    records = doc["records"]
+    if len(records) > MAX_RECORDS:
+        issues.append(ParseIssue(0, f"{len(records)} records: only the first {MAX_RECORDS} read"))
     events: list[Event] = []
-    for index, record in enumerate(doc["records"], start=1):
-        if not isinstance(record, dict):
-            issues.append(ParseIssue(index, "record is not an object"))
-            continue
-        event = _event(record, index, doc, source)
-        if event is None:
-            issues.append(ParseIssue(index, f"unknown record type {record.get('type')!r}"))
-        else:
+    for index, record in enumerate(records[:MAX_RECORDS], start=1):
+        event = _event(record, index, doc, source) if isinstance(record, dict) else None
+        if event is not None:
             events.append(event)
-    return LogParse(source, tuple(events), tuple(issues), lines=len(doc["records"]))
+        elif len(issues) < MAX_ISSUES:
+            why = (
+                f"unknown record type {_text(record.get('type'), 40)!r}"
+                if isinstance(record, dict)
+                else "record is not an object"
+            )
+            issues.append(ParseIssue(index, why))
+    return LogParse(source, tuple(events), tuple(issues), lines=len(records))
 
 
 register_kind("hw_stats", parse_hw_stats)

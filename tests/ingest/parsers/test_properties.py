@@ -3,11 +3,11 @@
 import gzip
 import io
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ingest.parsers import parse_log
-from ingest.parsers.lines import LineScanner
+from ingest.parsers.lines import GZIP_MAGIC, LineScanner
 from ingest.parsers.log import default_parsers
 
 # Fragments of real incident lines, so that random input reaches deep into the parsers.
@@ -90,6 +90,8 @@ def test_line_numbers_do_not_depend_on_the_chunk_size(data, chunk_size):
 @settings(max_examples=200, deadline=None)
 @given(log_bytes, st.sampled_from([4096, 1 << 20]), st.booleans())
 def test_the_scanner_yields_exactly_the_lines_holding_a_trigger(data, chunk_size, fast):
+    # Bytes that open with the gzip magic are read as gzip (tested with the gzip cases).
+    assume(not data.startswith(GZIP_MAGIC))
     # The oracle is a plain split of the bytes: no chunking, no search library.
     triggers = tuple({t for p in default_parsers() for t in p.triggers})
     raw_lines = data.split(b"\n") if data else []

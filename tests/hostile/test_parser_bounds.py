@@ -1,0 +1,80 @@
+"""What one crafted artifact can make a parser hold: bounded by the format's limits, not by
+what the artifact claims. Measured with tracemalloc (Python allocations, this process)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tracemalloc
+import zlib
+
+from ingest.parsers import hw_stats
+from ingest.parsers.artifact import parse_artifact
+from ingest.parsers.log import parse_log
+
+
+def peak_bytes(work) -> tuple[object, int]:
+    tracemalloc.start()
+    try:
+        result = work()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_hw_stats_gzip_bomb_is_inflated_no_further_than_the_document_bound():
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = b"".join(deflate.compress(b"\0" * (1 << 20)) for _ in range(256)) + deflate.flush()
+    assert len(bomb) < 1 << 20  # 256 MiB inflated
+    result, peak = peak_bytes(lambda: hw_stats.parse_hw_stats(bomb, source="hw.json"))
+    assert not result.complete and "larger than" in result.issues[0].message
+    assert peak < 4 * hw_stats.MAX_DOCUMENT, peak
+
+
+def test_a_hw_stats_document_over_the_bound_is_refused_unread():
+    body = b'{"records": [' + b'{"type": "agent"},' * (hw_stats.MAX_DOCUMENT // 18) + b"{}]}"
+    for data in (body, gzip.compress(body, mtime=0)):
+        result = hw_stats.parse_hw_stats(data, source="hw.json")
+        assert not result.complete and not result.events
+        assert result.issues[0].message.endswith(f"larger than {hw_stats.MAX_DOCUMENT} bytes")
+
+
+def test_a_hw_stats_document_of_many_records_is_read_to_the_record_bound():
+    records = [{"type": "agent", "spool_dropped_items": i} for i in range(50_000)]
+    records += [{"type": "nonsense"}] * 50_000
+    doc = json.dumps({"hw_stats": "fleetwatch.hw_stats/1", "records": records}).encode()
+    result = hw_stats.parse_hw_stats(doc, source="hw.json")
+    assert len(result.events) == hw_stats.MAX_RECORDS
+    assert result.issues[0].message == f"100000 records: only the first {hw_stats.MAX_RECORDS} read"
+    unknown = hw_stats.parse_hw_stats(
+        json.dumps({"records": [{"type": "x"}] * 50_000}).encode(), source="hw.json"
+    )
+    assert len(unknown.issues) == hw_stats.MAX_ISSUES
+
+
+def test_a_log_of_nothing_but_incident_lines_keeps_a_bounded_number_of_events(monkeypatch):
+    # The bound is 100,000 events; at 300 the same code path is shown in a fraction of the time.
+    monkeypatch.setattr("ingest.parsers.log.MAX_EVENTS", 300)
+    line = (
+        b"[rank3]:[E ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation "
+        b"timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600042 "
+        b"milliseconds before timing out.\n"
+    )
+    result = parse_log(gzip.compress(line * 5000, mtime=0))
+    assert len(result.events) == 300
+    assert result.dropped_events >= 4700
+    assert result.lines == 5000
+
+
+def test_a_wide_json_value_in_a_hw_stats_string_field_is_not_rendered_whole():
+    # str() of a list would render all of it before the cut; a field that should be text
+    # and holds a list is read as absent.
+    wide = list(range(100_000))
+    doc = {
+        "records": [{"type": "gpu", "pci": wide, "name": wide, "throttle_reasons": wide}],
+        "host": wide,
+    }
+    result = parse_artifact(json.dumps(doc).encode(), kind="hw_stats")
+    (event,) = result.events
+    assert event.pci == "" and event.name == "" and event.host == "" and event.throttle == ()
+    assert len(event.text) < 500
