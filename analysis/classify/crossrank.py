@@ -9,12 +9,17 @@ trace into a ``trace_summary``; what only all ranks together show is computed he
     each frontier), so memory does not grow with the entries of the dumps.
   - ``slow_rank``: from trace summaries, the rank the others wait for (it spends the least time
     in collectives and its own time grows), and what it did instead (data loading, I/O).
+  - ``last_to_start``: which rank starts each collective last, collectives matched across ranks
+    by their Flight Recorder ``Seq`` (``record_param_comms`` carries it; gloo traces get it from
+    the recorder entry created during each ``c10d::`` call). A rank last into most of them by a
+    clear margin is a straggler.
 
 The rules then name the culprit class from those findings.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import Counter
 from collections.abc import Iterable
@@ -30,6 +35,16 @@ from .rules import Match, Rule
 # least twice as high: the others are waiting for it.
 WAIT_RATIO = 0.5
 GROWTH = 1.5  # last third of the step series over the first third: "step time grows"
+# A straggler is last into at least this share of the collectives seen on several ranks, at
+# least STRAGGLER_MARGIN times as often as any other rank, over STRAGGLER_MIN collectives or
+# more, and a median STRAGGLER_LATE_MS or more after the others (below that, the order is noise).
+STRAGGLER_SHARE = 0.5
+STRAGGLER_MARGIN = 2.0
+STRAGGLER_MIN = 6
+STRAGGLER_LATE_MS = 1.0
+# A recorder entry is created inside the c10d call that enqueued it; the slack covers the two
+# clocks' conversions to Unix time, and is far below the gap between two calls.
+JOIN_SLACK_US = 20.0
 
 
 def _expand(text: str) -> list[int]:
@@ -312,6 +327,111 @@ def slow_rank(summaries: list) -> SlowRank | None:
     )
 
 
+def _op_key(op: str) -> str:
+    """ "c10d::allreduce_", "all_reduce", "_allgather_base" -> "allreduce", "allgatherbase"."""
+    return op.lower().removeprefix("c10d::").replace("_", "")
+
+
+def _call_seqs(summary, recorded: list) -> dict[tuple[str, int], float]:
+    """(pg, seq) -> Unix start time (µs) of each c10d call of a trace without Seq (gloo): the
+    recorder entries created during a call give the offset from call order to seq."""
+    base = summary.clock_base_us
+    calls = sorted(summary.calls, key=lambda c: c[1])
+    starts = [base + c[1] for c in calls]
+    votes: Counter = Counter()
+    for entry in recorded:
+        if entry.is_p2p or entry.seq is None or not entry.time_created_ns:
+            continue
+        at = entry.time_created_ns / 1000
+        i = bisect.bisect_right(starts, at + JOIN_SLACK_US) - 1
+        if i < 0:
+            continue
+        ordinal, start, dur, op = calls[i]
+        if at <= base + start + dur + JOIN_SLACK_US and _op_key(op) == _op_key(entry.op):
+            votes[(entry.pg, entry.seq - ordinal)] += 1
+    if not votes:
+        return {}
+    (pg, offset), n = votes.most_common(1)[0]
+    # Call order is one sequence for all groups: with calls of several groups in the window,
+    # or too few agreeing entries, the order cannot be turned into seqs.
+    if len({g for g, _ in votes}) > 1 or n < max(2, sum(votes.values()) // 2 + 1):
+        return {}
+    return {(pg, ordinal + offset): base + start for ordinal, start, _, _ in calls}
+
+
+def _collective_starts(summary, recorded: list) -> dict[tuple[str, int], float]:
+    if summary.collectives:
+        base = summary.clock_base_us
+        # record_param_comms names its group; before that was kept, the default group.
+        return {(pg or "0", seq): base + start for seq, start, _, _, pg in summary.collectives}
+    if summary.calls and recorded:
+        return _call_seqs(summary, recorded)
+    return {}
+
+
+@dataclass
+class Straggler:
+    rank: int
+    summary: Event  # its TraceSummary
+    last: int  # collectives it started last
+    joined: int  # collectives whose start was seen on several ranks
+    runner_up: int  # the most any other rank was last
+    late_ms: float  # median of how long after the other ranks' median start it started
+    seqs: tuple[int, int]  # first and last seq compared
+    hosts: int  # distinct hosts among the ranks compared (> 1: clocks must be in sync)
+
+
+def last_to_start(summaries: list, recorded: Iterable[Event] = ()) -> Straggler | None:
+    """The rank that starts most collectives last, by a clear margin, or None.
+
+    ``recorded``: Flight Recorder ``fr_collective`` events, needed for traces without ``Seq``."""
+    by_rank = {s.rank: s for s in summaries if s.rank is not None}
+    entries: dict[int, list] = {}
+    for entry in recorded:
+        if entry.kind == "fr_collective" and entry.rank is not None:
+            entries.setdefault(entry.rank, []).append(entry)
+    starts: dict[tuple[str, int], dict[int, float]] = {}
+    for rank, summary in by_rank.items():
+        for key, start in _collective_starts(summary, entries.get(rank, [])).items():
+            starts.setdefault(key, {})[rank] = start
+    ranks = {r for at in starts.values() for r in at}
+    if len(ranks) < 2:
+        return None
+    quorum = max(2, (len(ranks) + 1) // 2)
+    last: Counter = Counter()
+    late: dict[int, list[float]] = {}
+    seqs: list[int] = []
+    for (_, seq), at in starts.items():
+        if len(at) < quorum:
+            continue
+        order = sorted(at, key=at.get)
+        rank = order[-1]
+        last[rank] += 1
+        late.setdefault(rank, []).append(at[rank] - statistics.median(at[r] for r in order[:-1]))
+        seqs.append(seq)
+    joined = sum(last.values())
+    if joined < STRAGGLER_MIN:
+        return None
+    (rank, n), *rest = last.most_common()
+    runner_up = rest[0][1] if rest else 0
+    late_ms = statistics.median(late[rank]) / 1000
+    if n < STRAGGLER_SHARE * joined or n < STRAGGLER_MARGIN * runner_up:
+        return None
+    if late_ms < STRAGGLER_LATE_MS:
+        return None
+    hosts = len({by_rank[r].host for r in ranks if by_rank[r].host} or {""})
+    return Straggler(
+        rank=rank,
+        summary=by_rank[rank],
+        last=n,
+        joined=joined,
+        runner_up=runner_up,
+        late_ms=late_ms,
+        seqs=(min(seqs), max(seqs)),
+        hosts=hosts,
+    )
+
+
 def _trace_evidence(summary, signal: str, text: str) -> Evidence:
     return Evidence(summary.source, summary.line, signal, text[:500])
 
@@ -333,6 +453,7 @@ class CrossRank:
     fr: FrAnalysis | None
     slow: SlowRank | None
     traces: list
+    straggler: Straggler | None = None
 
 
 def cross_rank(f: Facts) -> CrossRank:
@@ -343,7 +464,12 @@ def cross_rank(f: Facts) -> CrossRank:
     fr_events = f.of("fr_frontier") + f.of("fr_collective")
     fr = fr_analyze(fr_events) if fr_events else None
     traces = f.of("trace_summary")
-    result = CrossRank(fr=fr, slow=slow_rank(traces) if traces else None, traces=traces)
+    result = CrossRank(
+        fr=fr,
+        slow=slow_rank(traces) if traces else None,
+        traces=traces,
+        straggler=last_to_start(traces, f.of("fr_collective")) if len(traces) >= 2 else None,
+    )
     f._crossrank = result
     return result
 
@@ -543,6 +669,35 @@ def _straggler(f: Facts) -> Match | None:
     )
 
 
+def _last_to_start(f: Facts) -> Match | None:
+    straggler = cross_rank(f).straggler
+    if straggler is None:
+        return None
+    s = straggler
+    clocks = (
+        f"; the ranks ran on {s.hosts} hosts, so this assumes their clocks agree to well under "
+        f"{s.late_ms:.0f} ms"
+        if s.hosts > 1
+        else ""
+    )
+    text = (
+        f"rank {s.rank} started {s.last} of {s.joined} collectives last (seq {s.seqs[0]}-"
+        f"{s.seqs[1]}, matched across ranks by their Flight Recorder seq), a median "
+        f"{s.late_ms:.1f} ms after the other ranks; "
+        + (
+            f"no other rank was last more than {s.runner_up} times"
+            if s.runner_up
+            else "no other rank was ever last"
+        )
+        + clocks
+    )
+    return Match(
+        summary=f"{text}: the others wait for it",
+        evidence=(_trace_evidence(s.summary, "last_to_start", text),),
+        suspects=_suspects([s.rank], "starts the collectives last (straggler)", f),
+    )
+
+
 _SEED_FIX = (
     "Give every rank the same number of steps: seed the dataset split "
     "(`train_test_split(..., seed=42)`, `random_split(..., generator=torch.Generator()"
@@ -551,6 +706,19 @@ _SEED_FIX = (
 )
 
 CROSSRANK_RULES: tuple[Rule, ...] = (
+    Rule(
+        "straggler_last_to_start",
+        "One rank starts most collectives last (traces, matched by Flight Recorder seq)",
+        ("trace_summary", "fr_collective"),
+        # Why it is late is another rule's to say (data loader, I/O, hardware); this one names
+        # the rank, and fleet memory turns a host whose ranks keep straggling into a culprit.
+        "unknown",
+        0.45,
+        "Look at what the straggler does before each collective: its profiler trace (data "
+        "loading, host syncs, Python work that only that rank does), its host's CPU load, "
+        "clocks and throttling; if it recurs on the same host across jobs, drain the host.",
+        _last_to_start,
+    ),
     Rule(
         "fr_missing_rank_hardware",
         "A rank never joined the collective (Flight Recorder) and its GPU reported an Xid",
@@ -633,4 +801,12 @@ CROSSRANK_RULES: tuple[Rule, ...] = (
     ),
 )
 
-__all__ = ["CROSSRANK_RULES", "FrAnalysis", "FrFinding", "fr_analyze", "slow_rank"]
+__all__ = [
+    "CROSSRANK_RULES",
+    "FrAnalysis",
+    "FrFinding",
+    "Straggler",
+    "fr_analyze",
+    "last_to_start",
+    "slow_rank",
+]

@@ -17,7 +17,7 @@ from ingest.parsers.events import Event
 from .facts import Facts
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.3"
+RULESET_VERSION = "2026.11.4"
 NAME_THRESHOLD = 0.5
 
 

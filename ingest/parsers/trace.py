@@ -13,8 +13,12 @@ What is measured:
     ``record_param_comms``; ``c10d::`` ops are counted as calls;
   - data-loader waits (``enumerate(DataLoader)#…__next__``), host syncs (``cudaStreamSynchronize``,
     ``aten::item``) and I/O-looking Python frames (``fsync``, ``write``, ``add_scalar``…);
-  - the last ``KEEP_COLLECTIVES`` collectives by ``Seq`` (``record_param_comms``), to join the
-    Flight Recorder ``collective_seq_id`` and to see which rank starts each one last.
+  - the last ``KEEP_COLLECTIVES`` collectives by ``Seq`` (``record_param_comms``, NCCL), to join
+    the Flight Recorder ``collective_seq_id`` and to see which rank starts each one last; gloo
+    writes no ``record_param_comms``, so the last host-side ``c10d::`` collective calls are kept
+    with their order instead, and the analysis finds their ``Seq`` from the Flight Recorder entry
+    created during each call (``time_created_ns``, on the trace's clock: ``baseTimeNanoseconds``
+    plus ``ts``).
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import codecs
 import gzip
 import io
 import json
+import math
 import re
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, BinaryIO, ClassVar
 
@@ -37,7 +42,9 @@ from .log import LogParse, ParseIssue
 SUMMARY_FORMAT = "fleetwatch.trace_summary/1"
 BLOCK = 1 << 20
 MAX_POINTS = 256  # step series kept per rank; longer runs are averaged into buckets
-KEEP_COLLECTIVES = 64
+KEEP_COLLECTIVES = 128
+# c10d ops that are collectives of a group (p2p ops have their own sequence in the recorder).
+_C10D_P2P = ("c10d::send", "c10d::recv", "c10d::recv_", "c10d::recv_any_source_")
 MAX_PENDING = 200_000  # intervals waiting for their step (events that come before the step)
 
 _STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
@@ -75,7 +82,11 @@ class TraceSummary(Event):
     dataloader_us: float = 0.0
     host_sync_us: float = 0.0
     io_us: float = 0.0
-    collectives: tuple[tuple[int, float, float, str], ...] = ()  # (seq, start_us, dur_us, op)
+    # (seq, start_us, dur_us, op, pg) from record_param_comms; start_us on the trace's clock
+    collectives: tuple[tuple[int, float, float, str, str], ...] = ()
+    # (ordinal, start_us, dur_us, op): host-side c10d:: collective calls, numbered in trace order
+    calls: tuple[tuple[int, float, float, str], ...] = ()
+    clock_base_us: float = 0.0  # start_us + clock_base_us = Unix time in µs
     host: str = ""
     world_size: int | None = None
 
@@ -137,6 +148,8 @@ class _Text:
                 if self.more():
                     continue
                 raise TraceError("truncated or malformed JSON") from None
+            except RecursionError:
+                raise TraceError("JSON nested too deeply for a profiler trace") from None
             # A number at the end of the block may go on in the next one.
             if end == len(self.buf) and not self.eof and self.more():
                 continue
@@ -224,7 +237,9 @@ class _Summarizer:
         self.dataloader_us = 0.0
         self.host_sync_us = 0.0
         self.io_us = 0.0
-        self.collectives: OrderedDict[int, tuple[int, float, float, str]] = OrderedDict()
+        self.collectives: OrderedDict[tuple[str, int], tuple] = OrderedDict()
+        self.calls: deque[tuple[int, float, float, str]] = deque(maxlen=KEEP_COLLECTIVES)
+        self.collective_calls = 0
         self.first_ts: float | None = None
         self.last_ts = 0.0
         self.meta: dict[str, Any] = {}
@@ -282,19 +297,26 @@ class _Summarizer:
             self._attribute(ts, dur, 1)
             return
         if name.startswith("c10d::"):
+            if not name.startswith(_C10D_P2P):
+                # Numbered among the group collectives only, as the recorder numbers its seqs.
+                self.calls.append((self.collective_calls, ts, dur, name[6:46]))
+                self.collective_calls += 1
             self.comm_calls += 1
             return
         if _HOST_COMM.match(name):
-            merge = self.host_comm.get(ev.get("tid"))
+            tid = ev.get("tid")
+            tid = tid if isinstance(tid, int | str) else None  # a thread id is a number or a name
+            merge = self.host_comm.get(tid)
             if merge is None:
-                merge = self.host_comm[ev.get("tid")] = _Merge()
+                merge = self.host_comm[tid] = _Merge()
             merge.add(ts, end)
             args = ev.get("args") or {}
             seq = args.get("Seq") if isinstance(args, dict) else None
             if isinstance(seq, int) and name == "record_param_comms":
                 op = str(args.get("Collective name", ""))[:40]
-                self.collectives[seq] = (seq, ts, dur, op)
-                self.collectives.move_to_end(seq)
+                pg = str(args.get("Process Group Name", ""))[:40]
+                self.collectives[(pg, seq)] = (seq, ts, dur, op, pg)
+                self.collectives.move_to_end((pg, seq))
                 if len(self.collectives) > KEEP_COLLECTIVES:
                     self.collectives.popitem(last=False)
             if not name.startswith("record_param_comms"):
@@ -323,6 +345,7 @@ class _Summarizer:
         host_comm = sum(m.value() for m in self.host_comm.values())
         dist = self.meta.get("distributedInfo") or {}
         numbers = [s[2] for s in self.steps]
+        base = self.meta.get("baseTimeNanoseconds")
         return {
             "format": SUMMARY_FORMAT,
             # Empty, so that Chrome-trace readers and the kind sniffer take the summary for a
@@ -350,6 +373,9 @@ class _Summarizer:
             "host_sync_us": self.host_sync_us,
             "io_us": self.io_us,
             "collectives": [list(c) for c in self.collectives.values()],
+            "calls": [list(c) for c in self.calls],
+            # Kineto >= torch 2.4 writes ts relative to this base; before, ts is Unix time.
+            "clock_base_us": base / 1000 if isinstance(base, int) else 0.0,
         }
 
 
@@ -405,23 +431,59 @@ def _is_summary(head: bytes) -> bool:
     return SUMMARY_FORMAT.encode() in head
 
 
+def _finite(value: Any) -> bool:
+    """A JSON number a summary may hold: not a bool, not NaN or an infinity (which Python's
+    decoder accepts), not an integer too wide for a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, int):
+        return value.bit_length() <= 64
+    return math.isfinite(value)
+
+
+def _numbers(values) -> bool:
+    return all(map(_finite, values))
+
+
 def _event_from_summary(summary: dict[str, Any], source: str, rank: int | None) -> TraceSummary:
+    # A summary comes from an agent, or from anyone with an upload key: every value is checked.
+    def rows(key: str) -> list:
+        values = summary.get(key)
+        return values[:KEEP_COLLECTIVES] if isinstance(values, list) else []
+
     def floats(key: str) -> tuple[float, ...]:
-        values = summary.get(key) or ()
-        return tuple(float(v) for v in values[: 2 * MAX_POINTS] if isinstance(v, int | float))
+        values = summary.get(key)
+        values = values[: 2 * MAX_POINTS] if isinstance(values, list) else ()
+        return tuple(float(v) for v in values if _finite(v))
 
     def number(key: str) -> float:
         value = summary.get(key)
-        return float(value) if isinstance(value, int | float) else 0.0
+        return float(value) if _finite(value) else 0.0
 
     def integer(key: str) -> int | None:
         value = summary.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return value if isinstance(value, int) and _finite(value) else None
 
-    collectives = []
-    for row in (summary.get("collectives") or ())[:KEEP_COLLECTIVES]:
-        if isinstance(row, list | tuple) and len(row) == 4:
-            collectives.append((int(row[0]), float(row[1]), float(row[2]), str(row[3])[:40]))
+    def label(value: Any) -> str:
+        return value[:40] if isinstance(value, str) else ""
+
+    def seq_row(row: Any, sizes: tuple[int, ...]) -> bool:
+        return (
+            isinstance(row, list)
+            and len(row) in sizes
+            and isinstance(row[0], int)
+            and _numbers(row[:3])
+        )
+
+    collectives, calls = [], []
+    for row in rows("collectives"):
+        # Summaries written before the group was recorded have four fields.
+        if seq_row(row, (4, 5)):
+            pg = label(row[4]) if len(row) == 5 else ""
+            collectives.append((row[0], float(row[1]), float(row[2]), label(row[3]), pg))
+    for row in rows("calls"):
+        if seq_row(row, (4,)):
+            calls.append((row[0], float(row[1]), float(row[2]), label(row[3])))
     step_ms = floats("step_ms")
     text = (
         f"rank {rank} trace: {summary.get('steps', 0)} steps, "
@@ -453,7 +515,9 @@ def _event_from_summary(summary: dict[str, Any], source: str, rank: int | None) 
         host_sync_us=number("host_sync_us"),
         io_us=number("io_us"),
         collectives=tuple(collectives),
-        host=str(summary.get("host") or "")[:200],
+        calls=tuple(calls),
+        clock_base_us=number("clock_base_us"),
+        host=summary["host"][:200] if isinstance(summary.get("host"), str) else "",
         world_size=integer("world_size"),
     )
 
@@ -469,7 +533,10 @@ def parse_trace(stream: BinaryIO | bytes, *, source: str = "") -> LogParse:
         head = stream.read(4096)
         rest = io.BufferedReader(_Chain(head, stream))  # type: ignore[arg-type]
         if _is_summary(head):
-            summary = json.loads(rest.read(1 << 24))
+            try:
+                summary = json.loads(rest.read(1 << 24))
+            except RecursionError:
+                raise TraceError("summary JSON nested too deeply") from None
             if not isinstance(summary, dict):
                 raise TraceError("summary is not an object")
         else:

@@ -7,10 +7,11 @@ import shutil
 import pytest
 
 from analysis.classify import classify
-from analysis.classify.crossrank import fr_analyze
+from analysis.classify.crossrank import fr_analyze, last_to_start
 from fleet.cli import diagnose
 from ingest.parsers.events import GpuXid
 from ingest.parsers.flight_recorder import FrCollective, FrFrontier
+from ingest.parsers.trace import TraceSummary
 
 
 @pytest.fixture(scope="session")
@@ -145,3 +146,99 @@ def test_a_rank_behind_in_a_subgroup_is_found_in_that_group():
     ]
     analysis = fr_analyze(events)
     assert [(f.pg, f.culprits) for f in analysis.findings] == [("5", [1])]
+
+
+# --- the straggler: which rank starts each collective last ---------------------------------------
+
+
+def test_a_rank_that_sleeps_before_every_collective_is_named_the_straggler(jobs):
+    verdict = diagnose([str(jobs["straggler"])])
+    assert "straggler_last_to_start" in verdict.rule_ids
+    assert verdict.suspects[0].kind == "rank" and verdict.suspects[0].id == "2"
+    assert "rank 2 started" in verdict.summary and "collectives last" in verdict.summary
+
+
+def test_the_straggler_is_found_by_joining_gloo_calls_to_flight_recorder_seqs(jobs):
+    from ingest.parsers import parse_artifact
+
+    events = []
+    for path in sorted(p for p in jobs["straggler"].rglob("*") if p.is_file()):
+        events += parse_artifact(path.read_bytes(), source=str(path)).events
+    traces = [e for e in events if e.kind == "trace_summary"]
+    assert all(t.calls and not t.collectives for t in traces)  # gloo: no record_param_comms
+    straggler = last_to_start(traces, events)
+    assert straggler is not None and straggler.rank == 2
+    # The job's first collective is seq 1 in the recorder; 8 steps of 3 collectives each.
+    assert straggler.seqs == (1, 24) and straggler.joined == 24
+    assert straggler.late_ms > 10
+    # Without the recorder, gloo calls have no seq to match ranks by: no answer, not a guess.
+    assert last_to_start(traces) is None
+
+
+def _summary(rank, starts, *, host="node0", calls=False, base=0.0):
+    """A trace summary whose collective seq k (k = 1, 2, …) started at starts[k-1] µs."""
+    rows = tuple((seq, start, 50.0, "allreduce", "0") for seq, start in enumerate(starts, 1))
+    return TraceSummary(
+        line=0,
+        text=f"rank {rank}",
+        rank=rank,
+        source=f"rank{rank}.json",
+        host=host,
+        collectives=() if calls else rows,
+        calls=tuple((i, start, 50.0, "allreduce_") for i, start in enumerate(starts))
+        if calls
+        else (),
+        clock_base_us=base,
+    )
+
+
+def test_a_rank_last_into_most_collectives_by_a_clear_margin_is_a_straggler():
+    late = {3: 5000.0}  # rank 3 arrives 5 ms after the others, except in one collective
+    summaries = []
+    for rank in range(4):
+        # Otherwise rank 0 is 30 µs behind rank 3: it is last once.
+        starts = [k * 1e5 + (3 - rank) * 10 + late.get(rank, 0.0) * (k != 4) for k in range(10)]
+        summaries.append(_summary(rank, starts, host=f"node{rank // 2}"))
+    straggler = last_to_start(summaries)
+    assert (straggler.rank, straggler.last, straggler.joined, straggler.runner_up) == (3, 9, 10, 1)
+    assert 4.9 < straggler.late_ms < 5.1 and straggler.hosts == 2
+    verdict = classify(summaries)
+    assert "straggler_last_to_start" in verdict.rule_ids
+    assert "assumes their clocks agree" in verdict.summary  # two hosts: says what it assumes
+
+
+def test_no_straggler_when_the_last_rank_rotates_or_is_barely_late():
+    rotating = [
+        _summary(rank, [k * 100_000.0 + (3000.0 if k % 4 == rank else 0.0) for k in range(12)])
+        for rank in range(4)
+    ]
+    assert last_to_start(rotating) is None
+    barely = [
+        _summary(rank, [k * 100_000.0 + (200.0 if rank == 1 else 0.0) for k in range(12)])
+        for rank in range(4)
+    ]
+    assert last_to_start(barely) is None  # 0.2 ms: below what start order can tell
+
+
+def test_call_order_becomes_seq_through_the_recorder_entry_created_during_the_call():
+    # The profiler window starts at seq 101; each rank's recorder kept its last entries, created
+    # 30 µs into the call that enqueued them (Unix ns on the trace clock base + ts).
+    base = 1_795_000_000_000_000.0
+    summaries, recorded = [], []
+    for rank in range(3):
+        starts = [k * 50_000.0 + (8000.0 if rank == 1 else 0.0) for k in range(10)]
+        summaries.append(_summary(rank, starts, calls=True, base=base))
+        for k in range(6, 10):
+            recorded.append(
+                FrCollective(
+                    line=k,
+                    text="",
+                    rank=rank,
+                    pg="0",
+                    seq=101 + k,
+                    op="all_reduce",
+                    time_created_ns=int((base + starts[k] + 30) * 1000),
+                )
+            )
+    straggler = last_to_start(summaries, recorded)
+    assert straggler.rank == 1 and straggler.seqs == (101, 110)

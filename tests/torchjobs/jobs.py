@@ -12,6 +12,8 @@ Scenarios (world size 3, collective timeout ``TIMEOUT_S``):
   - ``unseeded_split``: each rank splits the data with its own random state, rank 1 gets two
     more batches and is still training while the others gather the model to save it.
   - ``sync_logging``: rank 0 writes a growing log with fsync every step, then its write stalls.
+  - ``straggler``: rank 2 does ``STRAGGLE_S`` of extra host work before every collective; nothing
+    times out, the others just wait for it each time. Every rank dumps at the end.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pathlib import Path
 WORLD = 3
 # Long enough that a healthy collective never times out on a loaded 2-core CI machine.
 TIMEOUT_S = 6
-SCENARIOS = ("slow_loader", "skip_collective", "unseeded_split", "sync_logging")
+SCENARIOS = ("slow_loader", "skip_collective", "unseeded_split", "sync_logging", "straggler")
+STRAGGLE_S = 0.04
 
 
 def _dump_paths(outdir: Path, rank: int) -> tuple[Path, bool]:
@@ -132,9 +135,12 @@ def _rank_main(rank: int, scenario: str, outdir: str, port: int) -> None:
             for step, x in enumerate(loader):
                 loss = model(x).pow(2).mean()
                 loss.backward()
+                straggle = STRAGGLE_S if scenario == "straggler" and rank == 2 else 0.0
                 for p in model.parameters():
+                    time.sleep(straggle)
                     dist.all_reduce(p.grad)
                 if not (scenario == "skip_collective" and rank == 2 and step == 3):
+                    time.sleep(straggle)
                     dist.broadcast(metric, src=0)
                 if scenario == "sync_logging" and rank == 0:
                     _write_log(log_path, step, stall=step == 8)

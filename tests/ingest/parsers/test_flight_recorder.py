@@ -204,3 +204,136 @@ def test_real_pickle_and_json_dumps_parse(jobs):
     ops = {c.op for c in pickled.of_kind("fr_collective")}
     assert {"all_reduce", "broadcast"} <= ops
     assert any("jobs.py" in c.frames[0] for c in pickled.of_kind("fr_collective") if c.frames)
+
+
+# --- the fast scan, the dump's own rank, empty dumps --------------------------------------------
+
+
+def _scan_both(dump, monkeypatch):
+    """The fast scan's events and the entry-by-entry scan's, for the same dump."""
+    from ingest.parsers import flight_recorder as fr
+
+    raw = pickle.dumps(dump)
+    fast = parse_flight_recorder(raw, source="rank0.pkl")
+
+    def refuse(entries):
+        raise fr._Irregular
+
+    monkeypatch.setattr(fr, "_scan_fast", refuse)
+    return fast, parse_flight_recorder(raw, source="rank0.pkl")
+
+
+def _mixed_dump():
+    dump = _dump(n=40)
+    dump["pg_config"]["7"] = {"name": "7", "desc": "TP", "ranks": "[0, 1]"}
+    entries = []
+    for i in range(1, 41):
+        state = "completed" if i < 38 else ("started" if i == 38 else "scheduled")
+        entries.append(_entry(i, state=state, timeout_ms=600000))
+        if i % 3 == 0:
+            entries.append(_entry(i // 3, "all_gather", pg=("7", "TP"), state="completed"))
+        if i % 5 == 0:  # p2p entries carry their own seq and never move a group's frontier
+            entries.append(_entry(900 + i, "send 0->1", is_p2p=True, state="completed"))
+    dump["entries"] = entries
+    return dump
+
+
+def test_the_fast_scan_and_the_entry_by_entry_scan_agree(monkeypatch):
+    fast, slow = _scan_both(_mixed_dump(), monkeypatch)
+    assert fast.events == slow.events and fast.issues == slow.issues
+    frontiers = {f.pg: f for f in fast.of_kind("fr_frontier")}
+    assert (frontiers["0"].last_enqueued, frontiers["0"].last_started) == (40, 38)
+    assert frontiers["0"].last_completed == 37 and frontiers["0"].timeout_ms == 600000
+    assert frontiers["0"].entries == 48 and frontiers["7"].last_enqueued == 13
+    # Tails keep each entry's index in the dump.
+    assert [c.line for c in fast.of_kind("fr_collective") if c.pg == "7"][-1] == 58
+
+
+def test_the_one_group_fast_path_keeps_entry_indices_and_states(monkeypatch):
+    dump = _dump(n=30)
+    for entry in dump["entries"][:27]:
+        entry["state"] = "completed"
+    dump["entries"][27]["state"] = "started"
+    fast, slow = _scan_both(dump, monkeypatch)
+    assert fast.events == slow.events
+    (frontier,) = fast.of_kind("fr_frontier")
+    assert (frontier.last_started, frontier.last_completed) == (28, 27)
+    assert [c.line for c in fast.of_kind("fr_collective")] == list(range(14, 30))
+
+
+def test_irregular_entries_fall_back_to_the_entry_by_entry_scan():
+    dump = _dump(n=6)
+    dump["entries"][2] = ["not", "a", "mapping"]
+    dump["entries"][3]["collective_seq_id"] = "4"  # a string seq, as some writers leave them
+    parsed = parse_flight_recorder(pickle.dumps(dump), source="rank0.pkl")
+    (frontier,) = parsed.of_kind("fr_frontier")
+    assert frontier.last_enqueued == 6 and frontier.entries == 5
+    assert any("not a mapping" in issue.message for issue in parsed.issues)
+
+
+def test_a_dump_that_records_its_rank_needs_no_rank_in_its_name():
+    parsed = parse_flight_recorder(pickle.dumps(_dump(rank=5)), source="dumps/host-a/trace.pkl")
+    (frontier,) = parsed.of_kind("fr_frontier")
+    assert frontier.rank == 5 and parsed.issues == ()
+    as_string = parse_artifact(json.dumps(_dump(rank="6")).encode(), source="x/latest.json")
+    assert as_string.of_kind("fr_frontier")[0].rank == 6
+    nameless = parse_flight_recorder(pickle.dumps(_dump()), source="dumps/host-a/trace.pkl")
+    assert nameless.of_kind("fr_frontier")[0].rank is None
+    assert "no rank in the dump or its file name" in nameless.issues[0].message
+
+
+def test_the_dumps_own_rank_wins_over_its_file_name_and_the_conflict_is_reported():
+    parsed = parse_flight_recorder(pickle.dumps(_dump(rank=3)), source="rank_1.pkl")
+    assert parsed.of_kind("fr_frontier")[0].rank == 3
+    assert "records rank 3, its file name says 1" in parsed.issues[0].message
+
+
+# What torch 2.13 (format 2.10) writes for a rank that recorded no collective yet: no "entries".
+EMPTY_JSON_DUMP = (
+    b'{"comm_lib_version":"","nccl_comm_state":{},"pg_config":{"":{"desc":"","name":"",'
+    b'"ranks":"[0, 1, 2]"}},"pg_status":{},"version":"2.10"}'
+)
+
+
+def test_an_empty_json_dump_is_a_dump_not_a_log():
+    from ingest.parsers.detect import detect_kind
+
+    assert detect_kind(EMPTY_JSON_DUMP, "dumps/host-c/latest.json") == "fr_dump"
+    assert detect_kind(gzip.decompress(gzip.compress(EMPTY_JSON_DUMP))) == "fr_dump"
+    # A trace's distributedInfo carries a pg_config too: still a trace.
+    trace_head = b'{"schemaVersion": 1, "distributedInfo": {"pg_config": []}, "traceEvents": ['
+    assert detect_kind(trace_head, "rank0.json") == "trace"
+
+
+def test_an_empty_dump_puts_its_rank_at_seq_zero_so_it_is_named_as_the_one_missing():
+    from analysis.classify.crossrank import fr_analyze
+
+    parsed = parse_artifact(EMPTY_JSON_DUMP, source="host-c/fr_rank2.json")
+    assert parsed.issues == ()
+    (frontier,) = parsed.of_kind("fr_frontier")
+    assert (frontier.rank, frontier.pg, frontier.last_enqueued) == (2, "0", 0)
+    others = []
+    for rank in (0, 1):
+        dump = _dump(n=3)
+        dump["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}}
+        others += parse_flight_recorder(pickle.dumps(dump), source=f"rank{rank}.pkl").events
+    analysis = fr_analyze([*others, *parsed.events])
+    assert analysis.culprits == [2]
+    assert "never joined collective seq 1" in analysis.findings[0].detail
+
+
+def test_the_safe_unpickler_is_the_c_unpickler_with_globals_refused():
+    # The pure-Python pickle._Unpickler is ~20x slower on a 2,000-entry dump; only find_class
+    # and persistent_load are overridden, so every opcode but a global runs in C.
+    import _pickle
+
+    from ingest.parsers.flight_recorder import SafeUnpickler
+
+    assert _pickle.Unpickler in SafeUnpickler.__mro__
+    # STACK_GLOBAL os.system, then a call: refused at the lookup, before anything could run.
+    payload = b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x8c\x04true\x94\x85R."
+    with pytest.raises(UnsafeDump, match=r"refused.*os\.system"):
+        load_dump(payload)
+    # A protocol-0 pickle is not taken for a dump at all.
+    with pytest.raises(ValueError, match="neither a pickle nor JSON"):
+        load_dump(b"cos\nsystem\n(S'true'\ntR.")

@@ -154,3 +154,33 @@ def jobs():
     from tests.torchjobs.artifacts import job_artifacts
 
     return job_artifacts()
+
+
+def test_gloo_collective_calls_are_kept_in_order_on_the_unix_clock():
+    # gloo traces have no record_param_comms: the c10d:: calls are kept with their order among
+    # the group collectives (p2p calls have their own sequence in the recorder, so they neither
+    # appear nor take a number), and the clock base is kept.
+    events = []
+    for i, name in enumerate(
+        ["c10d::allreduce_", "c10d::send", "c10d::broadcast_", "c10d::barrier"]
+    ):
+        events.append({"ph": "X", "cat": "cpu_op", "name": name, "ts": 100.0 + i, "dur": 0.5})
+    trace = {"baseTimeNanoseconds": 1_795_000_000_000_000_000, "traceEvents": events}
+    summary = summarize_trace(json.dumps(trace).encode())
+    assert summary["calls"] == [
+        [0, 100.0, 0.5, "allreduce_"],
+        [1, 102.0, 0.5, "broadcast_"],
+        [2, 103.0, 0.5, "barrier"],
+    ]
+    assert summary["comm_calls"] == 4 and summary["clock_base_us"] == 1_795_000_000_000_000.0
+    (event,) = parse_artifact(json.dumps(summary).encode(), source="rank1.summary.json").events
+    assert event.calls[1] == (1, 102.0, 0.5, "broadcast_")
+    assert event.clock_base_us == 1_795_000_000_000_000.0
+
+
+def test_record_param_comms_keeps_its_group_and_old_four_field_rows_still_read():
+    summary = summarize_trace(json.dumps(_trace()).encode())
+    assert summary["collectives"][0] == [1, 1055.0, 2.0, "allreduce", ""]
+    summary["collectives"] = [[7, 1.0, 2.0, "allreduce"], ["x", 1, 2, "bad"]]
+    (event,) = parse_artifact(json.dumps(summary).encode(), source="rank2.summary.json").events
+    assert event.collectives == ((7, 1.0, 2.0, "allreduce", ""),)
