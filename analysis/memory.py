@@ -15,15 +15,18 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, FloatField, Func, Q, Sum, Value
+from django.db.models.functions import Power
 from django.utils import timezone
 
 from analysis.classify.recurrence import (
     FLAG_SCORE,
+    HALF_LIFE_DAYS,
     assess,
     decay,
     fisher_greater,
     job_family,
+    suspicious,
 )
 from analysis.models import CulpritScore, Entity, Exposure, HostRepair, Implication, Incident
 from fleet.models import Attempt, Host
@@ -42,6 +45,12 @@ CONTRAST_KEYS = (
     "sequence_parallel",
 )
 # Verdict rules -> how they implicate entities; (kind, how, culprit override).
+# The strength given to a link that is only a sign (a lagging rank's host, a crash's job family).
+WEAK_SIGN = 0.3
+# The fleet rate before there is history to measure it: 1 failure in 100 attempts, as strong
+# as 100 attempts of evidence.
+PRIOR_RATE = 0.01
+PRIOR_ATTEMPTS = 100.0
 HARDWARE_KINDS = ("gpu_xid", "gpu_off_bus", "gpu_unreachable", "pcie_aer", "cuda_error")
 CONFIG_UNRELATED = ("bad_node_hardware", "network_transport", "storage_io", "rank_desync_code")
 NETWORK_KINDS = ("nccl_ib_error", "nccl_ib_call_failed", "nccl_connect_failed")
@@ -57,6 +66,29 @@ def _entity(kind: str, key: str, cache: dict) -> Entity:
     if k not in cache:
         cache[k], _ = Entity.objects.get_or_create(kind=kind, key=key[:255])
     return cache[k]
+
+
+def _entities(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Entity]:
+    """Get or create many entities in three queries, whatever their number."""
+    wanted = {(kind, key[:255]) for kind, key in pairs}
+    if not wanted:
+        return {}
+
+    def fetch() -> dict[tuple[str, str], Entity]:
+        match = Q()
+        for kind in {kind for kind, _ in wanted}:
+            match |= Q(kind=kind, key__in=[key for k, key in wanted if k == kind])
+        return {(e.kind, e.key): e for e in Entity.objects.filter(match)}
+
+    found = fetch()
+    missing = wanted - set(found)
+    if missing:
+        # Another worker may create the same entity at the same moment: ignore and re-read.
+        Entity.objects.bulk_create(
+            [Entity(kind=kind, key=key) for kind, key in missing], ignore_conflicts=True
+        )
+        found = fetch()
+    return found
 
 
 def _canonical_config(attempt: Attempt) -> dict[str, str]:
@@ -102,10 +134,11 @@ def _models(hostnames) -> list[str]:
 
 
 def exposures_record(attempt: Attempt) -> None:
-    cache: dict = {}
+    pairs = attempt_entities(attempt)
+    entities = _entities(pairs)
     rows = [
-        Exposure(attempt=attempt, entity=_entity(kind, key, cache), at=attempt.started_at)
-        for kind, key in attempt_entities(attempt)
+        Exposure(attempt=attempt, entity=entities[(kind, key[:255])], at=attempt.started_at)
+        for kind, key in pairs
     ]
     Exposure.objects.bulk_create(rows, ignore_conflicts=True)
 
@@ -253,13 +286,18 @@ def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication
         "rank_crashed_first",
     ):
         if rule_id in matches:
+            # A crash is sure of the rank that died, not of the code that ran there (memory
+            # pressure, a bad GPU, bad data): for the job family it is a weak sign.
+            weak = rule_id == "rank_crashed_first"
             links.add(
                 "job_family",
                 family,
                 matches[rule_id]["culprit"],
                 rule_id,
-                conf(rule_id),
-                "this job family's code path",
+                min(conf(rule_id), WEAK_SIGN) if weak else conf(rule_id),
+                "a rank of this job family crashed first"
+                if weak
+                else "this job family's code path",
             )
     for rule_id in ("known_library_bug", "old_communication_stack"):
         if rule_id in matches:
@@ -287,7 +325,7 @@ def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication
                 host,
                 "bad_node_hardware",
                 "lagging_rank",
-                0.3,
+                WEAK_SIGN,
                 "ran the rank the others waited for",
             )
 
@@ -333,22 +371,44 @@ ROLES = {
 }
 
 
+class _EpochSeconds(Func):
+    """A timestamp as seconds since 1970, on PostgreSQL and on SQLite."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler, connection, **extra):
+        template = "EXTRACT(EPOCH FROM %(expressions)s)::double precision"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+    def as_sqlite(self, compiler, connection, **extra):
+        template = "((julianday(%(expressions)s) - 2440587.5) * 86400.0)"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+
+def _decayed(field_name: str, now: datetime):
+    """SQL for ``decay(now - field)``: the weight of evidence as old as the field says."""
+    age = Value(now.timestamp()) - _EpochSeconds(F(field_name))
+    return Power(Value(0.5), age / Value(HALF_LIFE_DAYS * 86400.0), output_field=FloatField())
+
+
 def fleet_correlate(now: datetime | None = None) -> list[CulpritScore]:
     """Recompute every entity's recurrence score over the memory window."""
     now = now or timezone.now()
     since = now - timedelta(days=window_days())
     implications = (
         Implication.objects.filter(at__gte=since, at__lte=now)
-        .select_related("entity", "incident")
+        .select_related("entity")
         .order_by("-at")
     )
     per_entity: dict[int, dict] = {}
+    # What each incident implicated, per kind of entity: the fleet rate is built from these.
+    incident_kinds: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for imp in implications:
         entry = per_entity.setdefault(
             imp.entity_id,
             {
                 "entity": imp.entity,
-                "weight": defaultdict(float),
+                "weight": 0.0,
                 "incidents": {},
                 "rules": defaultdict(int),
                 "culprits": defaultdict(float),
@@ -359,10 +419,11 @@ def fleet_correlate(now: datetime | None = None) -> list[CulpritScore]:
             continue
         entry["incidents"][imp.incident_id] = imp.at
         w = decay((now - imp.at).total_seconds())
-        entry["weight"]["all"] += w
+        entry["weight"] += w
         entry["rules"][imp.rule_id] += 1
         entry["culprits"][imp.culprit] += w * imp.confidence
         entry["strongest"] = max(entry["strongest"], imp.confidence)
+        incident_kinds[imp.incident_id][imp.entity.kind] += w
     # Exposures: decayed attempts per entity, and totals per kind for the fleet baseline.
     exposure_w: dict[int, float] = defaultdict(float)
     kind_exposure: dict[str, float] = defaultdict(float)
@@ -371,75 +432,172 @@ def fleet_correlate(now: datetime | None = None) -> list[CulpritScore]:
     settled = Q(attempt__ended_at__lte=now) | Q(
         attempt__ended_at__isnull=True, at__lte=now - timedelta(hours=12)
     )
-    exposures = Exposure.objects.filter(settled, at__gte=since, at__lte=now)
-    for entity_id, kind, at in exposures.values_list("entity_id", "entity__kind", "at"):
-        w = decay((now - at).total_seconds())
+    # Summed in the database, one row per entity: a week of a large fleet is 10^5 exposures.
+    exposures = (
+        Exposure.objects.filter(settled, at__gte=since, at__lte=now)
+        .values("entity_id", "entity__kind")
+        .annotate(w=Sum(_decayed("at", now)))
+        .values_list("entity_id", "entity__kind", "w")
+    )
+    for entity_id, kind, w in exposures:
         exposure_w[entity_id] += w
         kind_exposure[kind] += w
-    kind_implicated: dict[str, float] = defaultdict(float)
-    for entry in per_entity.values():
-        kind_implicated[entry["entity"].kind] += entry["weight"]["all"]
     # GPUs and NICs are exposed whenever their host is.
     host_ids = dict(Entity.objects.filter(kind="host").values_list("key", "id"))
 
-    existing = {s.entity_id: s for s in CulpritScore.objects.all()}
-    out = []
-    for entity_id, entry in per_entity.items():
+    def exposed_of(entity_id: int, entry: dict) -> float:
         entity = entry["entity"]
-        exposed = exposure_w.get(entity_id, 0.0)
         if entity.kind in ("gpu", "nic"):
-            exposed = exposure_w.get(host_ids.get(entity.key.split("/")[0]), 0.0)
+            return exposure_w.get(host_ids.get(entity.key.split("/")[0]), 0.0)
         if entity.kind == "mount":
             # No attempt reports the mounts it writes to: judge a mount by the distinct jobs it
             # stalled, the direct kernel evidence being strong on its own.
-            exposed = max(exposed, entry["weight"]["all"])
+            return max(exposure_w.get(entity_id, 0.0), entry["weight"])
+        return exposure_w.get(entity_id, 0.0)
+
+    # Attempts and their failures, decayed: the fleet rate settings and versions are held to.
+    attempts_w, unexplained_w = 0.0, 0.0
+    unexplained: dict[int, float] = {}
+    failed_attempt: dict[int, float] = {}
+    for started, incident_id, culprit, opened in Attempt.objects.filter(
+        Q(ended_at__lte=now) | Q(ended_at__isnull=True, started_at__lte=now - timedelta(hours=12)),
+        started_at__gte=since,
+        started_at__lte=now,
+    ).values_list("started_at", "incident__id", "incident__culprit", "incident__opened_at"):
+        w = decay((now - started).total_seconds())
+        attempts_w += w
+        if incident_id is None or opened > now:
+            continue
+        failed_attempt[incident_id] = w
+        if culprit not in CONFIG_UNRELATED:
+            unexplained[incident_id] = w
+            unexplained_w += w
+
+    def judge(entity_id: int, entry: dict, accused: dict[str, list[int]]):
+        """The entity against the rest of the fleet: the rate at which other entities of its
+        kind were implicated, leaving out every incident that implicated this entity (an
+        incident names a setting and the same setting on a GPU model together; counting the
+        sibling would make the culprit raise its own bar) and everything already accused (the
+        fleet rate is that of entities under no suspicion)."""
+        entity = entry["entity"]
         base_kind = "host" if entity.kind in ("gpu", "nic") else entity.kind
-        # The rest of the fleet, without this entity: its own failures must not raise the bar
-        # it is measured against.
-        own = entry["weight"]["all"] if base_kind == entity.kind else 0.0
-        own_exposed = exposed if base_kind == entity.kind else 0.0
-        rest_exposed = kind_exposure.get(base_kind, 0.0) - own_exposed
-        baseline = (
-            max(kind_implicated[base_kind] - own, 0.0) / rest_exposed if rest_exposed > 1 else 0.05
+        exposed = exposed_of(entity_id, entry)
+        rest_exposed = kind_exposure.get(base_kind, 0.0)
+        if base_kind == entity.kind:
+            rest_exposed -= exposed
+        others = [a for a in accused.get(base_kind, ()) if a != entity_id]
+        if len(others) == len(accused.get(base_kind, ())):
+            left_out = accused_incidents[base_kind] | set(entry["incidents"])
+        else:
+            left_out = set(entry["incidents"]).union(*(per_entity[a]["incidents"] for a in others))
+        rest_exposed -= sum(exposure_w.get(a, 0.0) for a in others)
+        implicated_rest = kind_implicated[base_kind] - sum(
+            incident_kinds[i].get(base_kind, 0.0) for i in left_out
         )
-        # With no failure elsewhere yet, assume one: a rate of zero would accuse anything.
-        baseline = max(baseline, 1.0 / max(rest_exposed, 20.0))
+        if base_kind in ("config", "version"):
+            # A rule that names a setting names it whenever its job times out, whatever the
+            # cause; most settings are never named by any rule. So a setting is measured against
+            # how often the rest of the fleet's attempts fail for no reason already pinned on a
+            # host, a rack, a mount or a job's code path.
+            implicated_rest = unexplained_w - sum(unexplained.get(i, 0.0) for i in left_out)
+            rest_exposed = (
+                attempts_w
+                - exposed
+                - sum(failed_attempt.get(i, 0.0) for i in left_out - entry["incidents"].keys())
+            )
+        # The fleet rate is taken at the high end of what its counts allow (one failure more
+        # than seen), and with little history it is shrunk toward a healthy fleet's
+        # (PRIOR_RATE, worth PRIOR_ATTEMPTS attempts): a rate measured from a handful of
+        # failures would otherwise accuse whatever had a little bad luck.
+        baseline = (max(implicated_rest, 0.0) + 1.0 + PRIOR_RATE * PRIOR_ATTEMPTS) / (
+            max(rest_exposed, 0.0) + PRIOR_ATTEMPTS
+        )
         if entity.kind == "mount":
             baseline = 0.05
-        culprit = max(entry["culprits"], key=entry["culprits"].get)
         top_rule = max(entry["rules"], key=entry["rules"].get)
-        result = assess(
+        return assess(
             label=f"{entity.kind} {entity.key}",
             role=ROLES.get(top_rule, f"implicated ({top_rule.replace('_', ' ')})"),
-            implicated=entry["weight"]["all"],
+            implicated=entry["weight"],
             exposed=exposed,
             incidents=len(entry["incidents"]),
             baseline=min(baseline, 0.5),
             window_days=window_days(),
             strongest=entry["strongest"],
         )
-        previous = existing.get(entity_id)
-        first_flagged = previous.first_flagged_at if previous else None
-        flagged_count = previous.incidents_when_flagged if previous else None
+
+    kind_implicated: dict[str, float] = defaultdict(float)
+    for kinds in incident_kinds.values():
+        for kind, w in kinds.items():
+            kind_implicated[kind] += w
+    # The fleet rate is estimated from entities under no suspicion: judge, set the suspects
+    # aside, judge again, until they no longer change (a few rounds at most). Two culprits of a
+    # kind that start failing together would otherwise each raise the other's bar.
+    accused: dict[str, list[int]] = {}
+    accused_incidents: dict[str, set[int]] = defaultdict(set)
+    results: dict = {}
+    for _round in range(4):
+        results = {eid: judge(eid, entry, accused) for eid, entry in per_entity.items()}
+        now_accused: dict[str, list[int]] = defaultdict(list)
+        for eid, result in results.items():
+            if suspicious(result, len(per_entity[eid]["incidents"])):
+                now_accused[per_entity[eid]["entity"].kind].append(eid)
+        if now_accused == accused:
+            break
+        accused = dict(now_accused)
+        accused_incidents = defaultdict(set)
+        for kind, ids in accused.items():
+            accused_incidents[kind] = set().union(*(per_entity[a]["incidents"] for a in ids))
+
+    existing = {
+        entity_id: (first, count)
+        for entity_id, first, count in CulpritScore.objects.values_list(
+            "entity_id", "first_flagged_at", "incidents_when_flagged"
+        )
+    }
+    out = []
+    for entity_id, entry in per_entity.items():
+        result = results[entity_id]
+        culprit = max(entry["culprits"], key=entry["culprits"].get)
+        first_flagged, flagged_count = existing.get(entity_id, (None, None))
         if result.flagged and first_flagged is None:
             first_flagged, flagged_count = now, len(entry["incidents"])
-        score, _ = CulpritScore.objects.update_or_create(
-            entity=entity,
-            defaults={
-                "culprit": culprit,
-                "score": result.score,
-                "flagged": result.flagged,
-                "implicated": round(result.implicated, 3),
-                "exposed": round(result.exposed, 3),
-                "baseline": result.baseline,
-                "explanation": result.explanation,
-                "incidents": list(entry["incidents"])[:50],
-                "first_flagged_at": first_flagged,
-                "incidents_when_flagged": flagged_count,
-                "computed_at": now,
-            },
+        out.append(
+            CulpritScore(
+                entity=entry["entity"],
+                culprit=culprit,
+                score=result.score,
+                flagged=result.flagged,
+                implicated=round(result.implicated, 3),
+                exposed=round(result.exposed, 3),
+                baseline=result.baseline,
+                explanation=result.explanation,
+                incidents=list(entry["incidents"])[:50],
+                first_flagged_at=first_flagged,
+                incidents_when_flagged=flagged_count,
+                computed_at=now,
+            )
         )
-        out.append(score)
+    # One upsert for every score: a fleet has thousands of implicated entities.
+    CulpritScore.objects.bulk_create(
+        out,
+        batch_size=500,
+        update_conflicts=True,
+        unique_fields=["entity"],
+        update_fields=[
+            "culprit",
+            "score",
+            "flagged",
+            "implicated",
+            "exposed",
+            "baseline",
+            "explanation",
+            "incidents",
+            "first_flagged_at",
+            "incidents_when_flagged",
+            "computed_at",
+        ],
+    )
     # Entities with no implication left in the window are no longer accused.
     CulpritScore.objects.exclude(entity_id__in=per_entity).update(flagged=False, score=0.0)
     out.extend(config_contrast_record(now))
@@ -476,11 +634,20 @@ def config_contrast(now: datetime | None = None, min_failed: int = 3) -> list[Co
         ended_at__lte=now,
         status__in=[Attempt.Status.FAILED, Attempt.Status.SUCCEEDED],
     )
-    model_of = {}
-    for attempt_id, model in Exposure.objects.filter(
-        attempt__in=attempts, entity__kind="host"
-    ).values_list("attempt_id", "entity__key"):
-        model_of.setdefault(attempt_id, set()).add(model)
+    in_window = set(attempts.values_list("id", flat=True))
+    # One scan of the window's exposures by (entity, time), the index fleet memory reads by:
+    # a join on attempts would leave the plan to row estimates that lag a growing fleet.
+    model_of: dict[int, set[str]] = {}
+    settings_of: dict[int, set[str]] = defaultdict(set)
+    for attempt_id, kind, key in Exposure.objects.filter(
+        at__gte=since, at__lte=now, entity__kind__in=["host", "config", "version"]
+    ).values_list("attempt_id", "entity__kind", "entity__key"):
+        if attempt_id not in in_window:
+            continue
+        if kind == "host":
+            model_of.setdefault(attempt_id, set()).add(key)
+        elif " on " not in key:  # already qualified by GPU model; the contrast does that itself
+            settings_of[attempt_id].add(key if kind == "config" else f"version {key}")
     host_models = dict(Host.objects.exclude(gpu_model="").values_list("hostname", "gpu_model"))
     # Failures a config could explain: not those already pinned on a host, a rack, a mount or
     # the job's own code path (a busy job family would otherwise make its settings look bad).
@@ -492,13 +659,6 @@ def config_contrast(now: datetime | None = None, min_failed: int = 3) -> list[Co
     explained = set(
         attempts.filter(incident__culprit__in=CONFIG_UNRELATED).values_list("id", flat=True)
     )
-    settings_of: dict[int, set[str]] = defaultdict(set)
-    for attempt_id, kind, key in Exposure.objects.filter(
-        attempt__in=attempts, entity__kind__in=["config", "version"]
-    ).values_list("attempt_id", "entity__kind", "entity__key"):
-        if " on " in key:
-            continue  # already qualified by GPU model; the contrast does that itself
-        settings_of[attempt_id].add(key if kind == "config" else f"version {key}")
     by_model: dict[str, list[int]] = defaultdict(list)
     for attempt_id, hosts in model_of.items():
         if attempt_id in explained:

@@ -16,39 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+from ._services import ROOT, drop_database, postgres_database
 from .report import scenario
-
-ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN = "postgres://postgres@127.0.0.1:5432/test"
-
-
-def _postgres_database(name: str) -> str | None:
-    """Create a scratch database; None when PostgreSQL is not reachable here."""
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except Exception:
-        return None
-    return PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-
-
-def _drop(name: str) -> None:
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    except Exception as exc:  # a leftover scratch database is harmless; say so
-        print(f"bench: could not drop {name}: {exc}", file=sys.stderr)
 
 
 def run(workdir: Path, *, quick: bool, say) -> list[dict]:
-    hosts, days, seed = (128, 4, 2) if quick else (1000, 7, 11)
+    hosts, days, seed = (128, 3, 2) if quick else (1000, 7, 11)
     name = f"fleetwatch_bench_{os.getpid()}"
-    url = _postgres_database(name)
+    url = postgres_database(name)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env["FLEETWATCH_DATA_DIR"] = str(workdir / "fleet")
     engine = "PostgreSQL" if url else "SQLite"
@@ -89,7 +64,7 @@ def run(workdir: Path, *, quick: bool, say) -> list[dict]:
         ).stdout
     finally:
         if url:
-            _drop(name)
+            drop_database(name)
     result = json.loads(out)
     plants = result["plants"]
     found = sum(p["flagged"] for p in plants)

@@ -26,6 +26,9 @@ STRONG = 0.75
 FLAG_SCORE_NAMED = 2.5
 NAMED = 0.5
 MIN_LIFT = 3.0
+# Under suspicion, though not (yet) accused: 1 in 20 by luck at the same lift. A suspect is left
+# out of the fleet rate that other entities of its kind are measured against.
+SUSPECT_SCORE = 1.3
 
 
 def decay(age_seconds: float, half_life_days: float = HALF_LIFE_DAYS) -> float:
@@ -119,6 +122,18 @@ def assess(
         score=round(score, 2),
         flagged=flagged,
         explanation=explanation,
+    )
+
+
+def suspicious(result: Recurrence, incidents: int) -> bool:
+    """Too unlucky to count as the fleet's normal: flagged, or on its way to it."""
+    if result.flagged:
+        return True
+    rate = result.implicated / result.exposed if result.exposed else 0.0
+    return (
+        incidents >= MIN_INCIDENTS
+        and result.score >= SUSPECT_SCORE
+        and rate >= MIN_LIFT * result.baseline
     )
 
 

@@ -134,3 +134,126 @@ def test_a_small_simulated_fleet_flags_every_planted_culprit(tmp_path):
         "rank_desync_code",
         "dataloader_cpu",
     }
+
+
+# --- the fleet rate an entity is judged against -------------------------------------------
+
+
+class Ledger:
+    """Attempts, exposures and implications written directly, so a test states its numbers."""
+
+    def __init__(self):
+        from fleet.models import Attempt, Job
+
+        self.Attempt, self.Job = Attempt, Job
+        self.now = timezone.now()
+        self.n = 0
+
+    def attempt(self, entities, *, failed=(), rule="p2p_schedule_desync", confidence=0.65):
+        """One settled attempt exposed to ``entities``; ``failed`` are the ones its verdict
+        implicated (an incident is opened when there are any)."""
+        from analysis.models import Entity, Exposure, Implication
+
+        self.n += 1
+        at = self.now - timezone.timedelta(hours=6)
+        job = self.Job.objects.create(external_id=f"job-{self.n}", name=f"job-{self.n}")
+        attempt = self.Attempt.objects.create(
+            job=job, started_at=at, ended_at=at + timezone.timedelta(hours=1), status="succeeded"
+        )
+        rows = {}
+        for kind, key in entities:
+            rows[(kind, key)], _ = Entity.objects.get_or_create(kind=kind, key=key)
+            Exposure.objects.create(attempt=attempt, entity=rows[(kind, key)], at=at)
+        if failed:
+            incident = Incident.objects.create(
+                attempt=attempt, job=job, culprit="parallelism_config", opened_at=at
+            )
+            for kind, key in failed:
+                entity, _ = Entity.objects.get_or_create(kind=kind, key=key)
+                Implication.objects.create(
+                    incident=incident,
+                    entity=entity,
+                    culprit="parallelism_config",
+                    rule_id=rule,
+                    confidence=confidence,
+                    at=at,
+                )
+
+    def flagged(self):
+        memory.fleet_correlate(self.now)
+        return {
+            f"{s.entity.kind}:{s.entity.key}"
+            for s in CulpritScore.objects.filter(flagged=True).select_related("entity")
+        }
+
+
+PP = [("config", "pipeline_parallel=8"), ("config", "pipeline_parallel=8 on L40S")]
+LOADER = [
+    ("config", "num_workers=16"),
+    ("config", "num_workers=16 on A100"),
+    ("config", "prefetch=250"),
+    ("config", "prefetch=250 on A100"),
+]
+
+
+def test_two_settings_that_start_failing_together_are_each_accused_after_two_incidents():
+    """Each culprit's incidents implicate several settings at once; neither may count its own
+    siblings, nor the other culprit, as the fleet's normal rate."""
+    ledger = Ledger()
+    for n in range(40):  # healthy attempts with unrelated settings
+        ledger.attempt([("config", f"tensor_parallel={1 + n % 4}")])
+    for _ in range(2):
+        ledger.attempt(PP, failed=PP)
+    for failed in (True, True, False):
+        ledger.attempt(LOADER, failed=LOADER if failed else (), rule="dataloader_oversubscribed")
+    flagged = ledger.flagged()
+    assert "config:pipeline_parallel=8 on L40S" in flagged
+    assert "config:num_workers=16 on A100" in flagged
+    assert not any(key.startswith("config:tensor_parallel") for key in flagged)
+
+
+def test_a_setting_failing_at_the_fleet_rate_is_not_accused():
+    ledger = Ledger()
+    for n in range(60):
+        # Every setting fails now and then: 1 in 4 of its attempts, whichever the setting.
+        setting = [("config", f"tensor_parallel={1 + n % 3}")]
+        ledger.attempt(setting, failed=setting if n % 12 in (0, 4, 8) else ())
+    assert ledger.flagged() == set()
+
+
+def test_a_few_crashes_in_a_busy_job_family_are_a_weak_sign_not_an_accusation():
+    """Three crashes in 75 attempts of a family, where the rest of the fleet saw two in 900:
+    unlucky, not yet a culprit. (A crash links its job family as a weak sign, confidence 0.3.)"""
+    ledger = Ledger()
+    for n in range(900):
+        family = [("job_family", f"family-{n % 9}")]
+        ledger.attempt(
+            family,
+            failed=family if n in (5, 400) else (),
+            rule="rank_crashed_first",
+            confidence=0.3,
+        )
+    busy = [("job_family", "rl-rollout")]
+    for n in range(75):
+        ledger.attempt(
+            busy, failed=busy if n < 3 else (), rule="rank_crashed_first", confidence=0.3
+        )
+    assert ledger.flagged() == set()
+
+
+def test_decay_summed_in_the_database_matches_the_python_decay():
+    from django.db.models import Sum
+
+    from analysis.classify.recurrence import decay
+    from analysis.models import Exposure
+
+    ledger = Ledger()
+    for _ in range(3):
+        ledger.attempt([("host", "gpu-a")])
+    later = ledger.now + timezone.timedelta(days=2, hours=5)
+    in_sql = Exposure.objects.aggregate(w=Sum(memory._decayed("at", later)))["w"]
+    in_python = sum(decay((later - e.at).total_seconds()) for e in Exposure.objects.all())
+    # SQLite's date functions keep milliseconds: an age off by up to 1 ms moves the weight by
+    # ln 2 * 0.001 / (3.5 days in seconds) = 2.3e-9 of itself.
+    assert in_sql == pytest.approx(in_python, rel=1e-8)
+    assert in_sql == pytest.approx(3 * 0.5 ** ((2 * 24 + 11) / (3.5 * 24)), rel=1e-8)
