@@ -80,6 +80,32 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def _service_versions() -> dict:
+    """PostgreSQL and Redis server versions the load and fleet scenarios ran on, when
+    reachable (loopback, the bench's defaults)."""
+    versions = {}
+    try:
+        import psycopg
+
+        from ._services import PG_ADMIN
+
+        with psycopg.connect(PG_ADMIN, connect_timeout=3) as conn:
+            versions["postgresql"] = conn.execute("SHOW server_version").fetchone()[0]
+    except Exception as exc:
+        versions["postgresql"] = f"not reachable ({type(exc).__name__})"
+    try:
+        import redis
+
+        from ._services import REDIS
+
+        client = redis.Redis.from_url(f"{REDIS}/0", socket_connect_timeout=3, socket_timeout=5)
+        versions["redis"] = client.info("server")["redis_version"]
+        client.close()
+    except Exception as exc:
+        versions["redis"] = f"not reachable ({type(exc).__name__})"
+    return versions
+
+
 def machine(repo: Path) -> dict:
     return {
         "platform": platform.platform(),
@@ -90,6 +116,7 @@ def machine(repo: Path) -> dict:
         "implementation": platform.python_implementation(),
         "drain3": _version("drain3"),
         "commit": _commit(repo),
+        **_service_versions(),
     }
 
 
@@ -117,7 +144,8 @@ def markdown(report: dict) -> str:
         f"# Fleetwatch benchmark — {report['run']}",
         "",
         f"{m['cpu_model']}, {m['cpu_count']} CPUs, {m['platform']}, "
-        f"{m['implementation']} {m['python']}, drain3 {m['drain3']}"
+        f"{m['implementation']} {m['python']}, drain3 {m['drain3']}, "
+        f"PostgreSQL {m.get('postgresql', '?')}, Redis {m.get('redis', '?')}"
         + (f", commit {m['commit']}" if m["commit"] else ""),
         "",
         "| scenario | metric | value | peer | peer value | ratio | goal | met |",
