@@ -540,7 +540,7 @@ def integrity(conn, job: str) -> dict:
 
 UPLOAD_COLUMNS = (
     "id, sha256, kind, size, compressed, filename, rank, blob, status, error, received_at, "
-    "parsed_at, line_count, event_count, ranks, attempt_id, host_id, job_id, key_id"
+    "parsed_at, line_count, event_count, ranks, parse_tries, attempt_id, host_id, job_id, key_id"
 )
 EVENT_COLUMNS = "kind, rank, line, text, attrs, attempt_id, upload_id"
 
@@ -590,7 +590,7 @@ def copy_peer(database_url: str, job: str) -> dict:
             sql.SQL(
                 "COPY (SELECT id + {offset}, sha256, kind, size, compressed, filename, rank, "
                 "blob, status, error, received_at, parsed_at, line_count, event_count, ranks, "
-                "{twin_attempt}, host_id, {twin_job}, key_id FROM ingest_upload "
+                "parse_tries, {twin_attempt}, host_id, {twin_job}, key_id FROM ingest_upload "
                 "WHERE job_id = {job} ORDER BY id) TO STDOUT"
             ).format(**lit),
         )
