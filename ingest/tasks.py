@@ -40,8 +40,7 @@ class ParseTask(Task):
 )
 def upload_parse(self, upload_id: int, takeover: bool = False, retry: bool = False) -> None:
     try:
-        if not Upload.objects.filter(pk=upload_id).exists():
-            return
+        # A row that is gone is not claimed: the parse returns quietly.
         services.upload_parse(upload_id, takeover=takeover or redelivered(self), retry=retry)
     except DATABASE_TRANSIENT as exc:
         # Give the claim back if the database lets us. Either way the retry may take it over:
