@@ -39,8 +39,10 @@ def test_an_ingest_worker_parses_and_only_an_analysis_worker_classifies(stack):
         60,
         "the ingest worker to parse both uploads",
     )
-    # Both classify tasks wait on the analysis queue, which nobody consumes yet, and only there.
-    assert broker.client().llen("analysis") == 2, stack.logs_text()
+    # The classify task waits on the analysis queue, which nobody consumes yet, and only there
+    # (one or two of them: the first parse schedules one too if it ends before the second upload
+    # arrives).
+    assert broker.client().llen("analysis") in (1, 2), stack.logs_text()
     assert broker.client().llen("ingest") == 0
     assert db.value("SELECT count(*) FROM analysis_incident") == 0
     assert "Task analysis.tasks.attempt_classify[" not in ingest.log()
