@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--size-mb N] [--out DIR]``."""
+"""``python -m bench [--quick] [--only SCENARIO ...] [--size-mb N] [--out DIR]``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from .report import machine, markdown, scenario
 MIB = 1 << 20
 
 
+SCENARIOS = ("diagnosis", "crossrank", "agent", "fleet", "load")
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
@@ -33,6 +36,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=4187, help="generator seed (4187)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="bench-results/")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SCENARIOS,
+        default=SCENARIOS,
+        help="run these scenarios only (the report holds just their rows)",
+    )
     args = parser.parse_args(argv)
     if args.size_mb is None:
         args.size_mb = 20 if args.quick else 200
@@ -41,6 +51,28 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     if args.size_mb < 1 or args.drain_mb < 1:
         parser.error("--size-mb and --drain-mb must be at least 1")
     return args
+
+
+def _notes(args: argparse.Namespace, elapsed: float) -> list[str]:
+    notes = []
+    if "diagnosis" in args.only:
+        notes += [
+            f"{args.size_mb} MiB generated log (seed {args.seed}); every pass reads it from the "
+            "page cache, right after it was written.",
+            f"Drain3 runs on the first {args.drain_mb} MiB only: at its speed the whole file would "
+            "take far longer than the run should.",
+        ]
+    notes.append("Timed figures are the best of 3 alternated runs; ratios only, no absolute goals.")
+    if "load" in args.only:
+        notes.append(
+            f"Load: {'128 hosts, one worker' if args.quick else '2,048 hosts, each layout'}; "
+            f"gunicorn x{load_bench.GUNICORN_WORKERS} sync workers, Celery prefork concurrency 1 "
+            f"per worker, FLEETWATCH_SETTLE_SECONDS={load_bench.SETTLE_SECONDS:g}, "
+            f"{load_bench.CONCURRENCY} clients on loopback, a scratch PostgreSQL database and "
+            "a free Redis db number; the processes share this machine's CPUs."
+        )
+    notes.append(f"Whole run: {elapsed:.0f}s.")
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,18 +108,22 @@ def main(argv: list[str] | None = None) -> int:
     load_details: dict = {}
     with tempfile.TemporaryDirectory(prefix="fleetwatch-bench-") as workdir:
         work = Path(workdir)
-        result = diagnosis.run(
-            work, args.size_mb * MIB, args.drain_mb * MIB, seed=args.seed, say=say
-        )
-        details["diagnosis"] = result["details"]
-        scenarios = result["scenarios"]
-        scenarios += guarded("crossrank", lambda: crossrank.run(work, quick=args.quick, say=say))
-        scenarios += guarded("agent", lambda: agent_bench.run(work, quick=args.quick, say=say))
-        scenarios += guarded("fleet", lambda: fleet_bench.run(work, quick=args.quick, say=say))
-        scenarios += guarded(
-            "load",
-            lambda: load_bench.run(work, quick=args.quick, say=say, details=load_details),
-        )
+        scenarios: list[dict] = []
+        if "diagnosis" in args.only:
+            result = diagnosis.run(
+                work, args.size_mb * MIB, args.drain_mb * MIB, seed=args.seed, say=say
+            )
+            details["diagnosis"] = result["details"]
+            scenarios += result["scenarios"]
+        runs = {
+            "crossrank": lambda: crossrank.run(work, quick=args.quick, say=say),
+            "agent": lambda: agent_bench.run(work, quick=args.quick, say=say),
+            "fleet": lambda: fleet_bench.run(work, quick=args.quick, say=say),
+            "load": lambda: load_bench.run(work, quick=args.quick, say=say, details=load_details),
+        }
+        for name, run in runs.items():
+            if name in args.only:
+                scenarios += guarded(name, run)
     details["load"] = load_details
     elapsed = time.perf_counter() - started
     report = {
@@ -97,24 +133,13 @@ def main(argv: list[str] | None = None) -> int:
             "size_mb": args.size_mb,
             "drain_mb": args.drain_mb,
             "seed": args.seed,
+            "only": list(args.only),
         },
         "machine": machine(diagnosis.REPO),
         "seconds": elapsed,
         "scenarios": scenarios,
         "details": details,
-        "notes": [
-            f"{args.size_mb} MiB generated log (seed {args.seed}); every pass reads it from the "
-            "page cache, right after it was written.",
-            f"Drain3 runs on the first {args.drain_mb} MiB only: at its speed the whole file would "
-            "take far longer than the run should.",
-            "Timed figures are the best of 3 alternated runs; ratios only, no absolute goals.",
-            f"Load: {'128 hosts, one worker' if args.quick else '2,048 hosts, each layout'}; "
-            f"gunicorn x{load_bench.GUNICORN_WORKERS} sync workers, Celery prefork concurrency 1 "
-            f"per worker, FLEETWATCH_SETTLE_SECONDS={load_bench.SETTLE_SECONDS:g}, "
-            f"{load_bench.CONCURRENCY} clients on loopback, a scratch PostgreSQL database and "
-            "a free Redis db number; the processes share this machine's CPUs.",
-            f"Whole run: {elapsed:.0f}s.",
-        ],
+        "notes": _notes(args, elapsed),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
