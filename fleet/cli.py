@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,23 +36,27 @@ def rank_of_file(path: Path, events) -> int | None:
     return ranks.pop() if len(ranks) == 1 else None
 
 
-def diagnose(paths: list[str]):
-    from analysis.classify import IncidentContext, classify
-    from ingest.parsers import parse_artifact
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
+
+def diagnose(paths: list[str], *, jobs: int = 1):
+    from analysis.classify import IncidentContext, classify
+    from ingest.parsers import parse_files
+
+    files = list(iter_files(paths))
+    if not files:
+        raise FileNotFoundError("no files found under " + " ".join(paths))
     events = []
     ranks: set[int] = set()
-    read = 0
-    for path in iter_files(paths):
-        with path.open("rb") as stream:
-            result = parse_artifact(stream, source=str(path))
+    for path, result in zip(files, parse_files(files, jobs=jobs), strict=True):
         events.extend(result.events)
         rank = rank_of_file(path, result.events)
         if rank is not None:
             ranks.add(rank)
-        read += 1
-    if read == 0:
-        raise FileNotFoundError("no files found under " + " ".join(paths))
     return classify(events, IncidentContext(ranks_uploaded=frozenset(ranks)))
 
 
@@ -113,11 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         "them (.gz read as well)",
     )
     diag.add_argument("--json", action="store_true", help="print one JSON object")
+    diag.add_argument(
+        "--jobs",
+        type=int,
+        default=usable_cpus(),
+        help="processes that parse files at once (default: the CPUs this may use; 1 for none)",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "diagnose":
         try:
-            verdict = diagnose(args.paths)
+            verdict = diagnose(args.paths, jobs=max(1, args.jobs))
         except OSError as exc:
             print(f"fleetwatch diagnose: {exc}", file=sys.stderr)
             return EXIT_UNREADABLE

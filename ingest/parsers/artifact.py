@@ -8,9 +8,11 @@ the CLI and the server treat all artifacts alike.
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import BinaryIO
 
 from .detect import SNIFF_BYTES, detect_kind, inflate_head, is_gzip
@@ -82,6 +84,29 @@ def parse_artifact(stream: BinaryIO | bytes, *, kind: str = "", source: str = ""
             issues=(ParseIssue(0, f"the {kind} parser failed: {type(exc).__name__}: {exc}"[:500]),),
             complete=False,
         )
+
+
+def parse_file(path: str | os.PathLike) -> LogParse:
+    with open(path, "rb") as stream:
+        return parse_artifact(stream, source=str(path))
+
+
+# Below this much input a process pool costs more to start than it saves.
+POOL_MIN_BYTES = 8 << 20
+
+
+def parse_files(paths: Sequence[str | os.PathLike], *, jobs: int = 1) -> Iterator[LogParse]:
+    """Each file's parse, in the order given. With ``jobs`` > 1 and enough input, files are
+    parsed in that many processes: a 1,024-rank job's Flight Recorder dumps are mostly the
+    unpickler's time, one core per dump. Each process holds one file at a time, and only the
+    events (a few KB a file) come back. A file that cannot be read raises ``OSError`` here."""
+    paths = list(paths)
+    jobs = max(1, min(jobs, len(paths)))
+    if jobs == 1 or sum(os.stat(p).st_size for p in paths) < POOL_MIN_BYTES:
+        yield from map(parse_file, paths)
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        yield from pool.map(parse_file, paths, chunksize=max(1, len(paths) // (jobs * 8)))
 
 
 def _load_optional_parsers() -> None:

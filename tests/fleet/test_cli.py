@@ -94,3 +94,21 @@ def test_the_console_script_runs_without_django(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "rank_desync_code" in out.stdout
+
+
+def test_files_parsed_in_several_processes_give_the_same_verdict(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ingest.parsers.artifact.POOL_MIN_BYTES", 0)  # a pool even for 4 files
+    assert main(["diagnose", "--json", "--jobs", "1", str(logs(tmp_path))]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(["diagnose", "--json", "--jobs", "3", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out) == alone
+
+
+def test_a_file_that_cannot_be_read_in_a_pool_raises_as_it_would_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr("ingest.parsers.artifact.POOL_MIN_BYTES", 0)
+    logs(tmp_path)
+    (tmp_path / "rank9.log").mkdir()  # a directory where a file was named: read fails
+    from ingest.parsers import parse_files
+
+    with pytest.raises(OSError):
+        list(parse_files([tmp_path / "rank1.log", tmp_path / "rank9.log"], jobs=2))
