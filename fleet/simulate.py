@@ -36,6 +36,7 @@ class Plant:
     culprit: str
     entities: list[str]  # "kind:key" any of which, flagged, finds the plant
     incidents: int = 0  # failures it caused
+    failed_at: list[str] = field(default_factory=list)  # when each happened (ISO 8601)
 
 
 @dataclass
@@ -278,6 +279,7 @@ class Simulator:
         rng = self.rng
         if fault in self.plants:
             self.plants[fault].incidents += 1
+            self.plants[fault].failed_at.append(at.isoformat())
         else:
             self.truth.noise_failures += 1
         seq = rng.randint(50, 90_000)
@@ -378,6 +380,15 @@ class Simulator:
         return lines
 
 
+def _incidents_before(plant: dict, score) -> int:
+    """How many of the plant's own failures had happened when ``score`` was first flagged. An
+    entity's own count can hold others' incidents too (a setting that a noise failure of the
+    same job family also implicated), so the truth's times are what is counted."""
+    if "failed_at" not in plant:  # truth written before the times were kept
+        return score.incidents_when_flagged
+    return sum(datetime.fromisoformat(t) <= score.first_flagged_at for t in plant["failed_at"])
+
+
 def evaluate(truth: dict, scores) -> dict:
     """Per planted culprit: flagged or not, after how many of its incidents; and overall
     precision and recall of the flagged culprits. ``scores`` are CulpritScore rows."""
@@ -396,7 +407,7 @@ def evaluate(truth: dict, scores) -> dict:
                 "incidents": plant["incidents"],
                 "flagged": bool(hits),
                 "flagged_as": [f"{s.entity.kind}:{s.entity.key}" for s in hits],
-                "after_incidents": first.incidents_when_flagged if first else None,
+                "after_incidents": _incidents_before(plant, first) if first else None,
                 "explanation": first.explanation if first else "",
             }
         )
