@@ -80,6 +80,7 @@ class Simulator:
         self.seed, self.days, self.end = seed, days, end
         self.client = client or Client(HTTP_HOST="127.0.0.1")
         self.key = ""
+        self.on_incident = None
         self.hosts = [self._host(i) for i in range(hosts)]
         by_model: dict[str, list[dict]] = {}
         for host in self.hosts:
@@ -171,8 +172,12 @@ class Simulator:
 
     # --- the fleet's week -----------------------------------------------------------------
 
-    def run(self, key: str, on_tick=None, ticks_per_day: int = 4) -> Truth:
+    def run(self, key: str, on_tick=None, ticks_per_day: int = 4, on_incident=None) -> Truth:
+        """The fleet's days in time order. ``on_tick(now)`` runs ``ticks_per_day`` times a
+        simulated day (production's beat), ``on_incident(now)`` after each failure's artifacts
+        are in (production's recompute after an incident)."""
         self.key = key
+        self.on_incident = on_incident
         start = self.end - timedelta(days=self.days)
         jobs = []
         for family in FAMILIES:
@@ -247,6 +252,8 @@ class Simulator:
             self.truth.failures += 1
             self._report(job=job, event="end", status="failed", at=end.isoformat())
             self._fail(job, hosts, world, fault, end, family)
+            if self.on_incident:
+                self.on_incident(end)
 
         return end, finish
 

@@ -29,8 +29,8 @@ class Command(BaseCommand):
             "--ticks-per-day",
             type=int,
             default=24,
-            help="how often fleet memory recomputes its scores, in simulated time (the beat "
-            "schedule does it every 5 minutes in production)",
+            help="how often fleet memory recomputes its scores besides after each incident, in "
+            "simulated time (the beat schedule does it every 5 minutes in production)",
         )
 
     def handle(self, *args, hosts, days, seed, truth, ticks_per_day, **options):
@@ -42,11 +42,15 @@ class Command(BaseCommand):
         _, key = AgentKey.objects.create_key(name=f"simulator {seed}", scopes=[Scope.UPLOAD])
         started = time.monotonic()
         sim = Simulator(hosts=hosts, days=days, seed=seed, end=timezone.now())
-        # Fleet memory is recomputed at simulated times (the ticks), not at the wall-clock time
-        # the incidents happen to be classified.
+        # Fleet memory is recomputed at simulated times, not at the wall-clock time the incidents
+        # happen to be classified: after each incident, as production does within
+        # FLEETWATCH_CORRELATE_SECONDS of one, and at the ticks, as beat does.
         with override_settings(FLEETWATCH_CORRELATE_SECONDS=0):
             result = sim.run(
-                key, on_tick=lambda now: memory.fleet_correlate(now), ticks_per_day=ticks_per_day
+                key,
+                on_tick=memory.fleet_correlate,
+                ticks_per_day=ticks_per_day,
+                on_incident=memory.fleet_correlate,
             )
         AgentKey.objects.filter(name=f"simulator {seed}").update(revoked=True)
         Path(truth).write_text(result.to_json())
