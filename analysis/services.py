@@ -22,24 +22,39 @@ from ingest.services import artifact_requests_for_incident
 MAX_EVENTS_PER_ATTEMPT = 200_000
 
 
+# Uploads whose events are read in one query.
+EVENT_BATCH_UPLOADS = 200
+
+
 def attempt_events(attempt: Attempt):
-    rows = (
-        Event.objects.filter(attempt=attempt)
-        .select_related("upload")
-        .only("kind", "line", "text", "rank", "attrs", "upload__filename", "upload__id")
-        .order_by("upload_id", "line")[:MAX_EVENTS_PER_ATTEMPT]
-    )
-    for row in rows.iterator(chunk_size=2000):
-        event = event_from_row(
-            row.kind,
-            line=row.line,
-            text=row.text,
-            rank=row.rank,
-            source=row.upload.filename or f"upload-{row.upload.id}",
-            attrs=row.attrs,
+    """The attempt's stored events, each file's in line order, at most MAX_EVENTS_PER_ATTEMPT.
+
+    Read a batch of uploads at a time along the upload index, as plain rows: one query over all
+    of a 2,048-host attempt's 84,000 events (a join and a sort behind a server-side cursor,
+    planned on statistics that lag a burst of inserts) took 17 s of a 27 s classification."""
+    sources = dict(attempt.uploads.order_by("id").values_list("id", "filename"))
+    uploads = list(sources)
+    left = MAX_EVENTS_PER_ATTEMPT
+    for start in range(0, len(uploads), EVENT_BATCH_UPLOADS):
+        rows = (
+            Event.objects.filter(upload_id__in=uploads[start : start + EVENT_BATCH_UPLOADS])
+            .order_by("upload_id", "line")
+            .values_list("upload_id", "kind", "line", "text", "rank", "attrs")[:left]
         )
-        if event is not None:
-            yield event
+        for upload_id, kind, line, text, rank, attrs in rows:
+            left -= 1
+            event = event_from_row(
+                kind,
+                line=line,
+                text=text,
+                rank=rank,
+                source=sources[upload_id] or f"upload-{upload_id}",
+                attrs=attrs,
+            )
+            if event is not None:
+                yield event
+        if left <= 0:
+            return
 
 
 def attempt_config_events(attempt: Attempt):

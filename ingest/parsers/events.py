@@ -8,6 +8,7 @@ from the parser to the database and back (``to_row`` / ``from_row``) and into th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -122,6 +123,11 @@ for _cls in (WatchdogTimeout, WorkProgress):
     register(_cls)
 
 
+@functools.cache
+def _field_names(cls: type[Event]) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def event_from_row(
     kind: str, *, line: int, text: str, rank: int | None, source: str, attrs: dict[str, Any]
 ) -> Event | None:
@@ -129,7 +135,7 @@ def event_from_row(
     cls = EVENT_TYPES.get(kind)
     if cls is None:
         return None
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _field_names(cls)
     # JSON storage turns tuples into lists; events are frozen and hashable again after this.
     known = {k: _frozen(v) for k, v in attrs.items() if k in names}
     return cls(line=line, text=text, rank=rank, source=source, **known)
