@@ -377,6 +377,12 @@ class Gunicorn(Process):
             headers={"Authorization": f"Bearer {key}"},
         )
 
+    def accepted(self, key: str, body: bytes, **fields) -> int:
+        """``upload``, which must be answered 202: the upload's id."""
+        response = self.upload(key, body, **fields)
+        assert response.status == 202, (json_of(response), self.tail())
+        return json_of(response)["id"]
+
 
 def json_of(response) -> dict:
     try:
