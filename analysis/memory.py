@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -53,6 +54,10 @@ PRIOR_RATE = 0.01
 PRIOR_ATTEMPTS = 100.0
 HARDWARE_KINDS = ("gpu_xid", "gpu_off_bus", "gpu_unreachable", "pcie_aer", "cuda_error")
 CONFIG_UNRELATED = ("bad_node_hardware", "network_transport", "storage_io", "rank_desync_code")
+# Entities that, once accused, explain the failures that implicated them better than any setting
+# those jobs ran with: a rack that falls back to sockets fails every job placed on it, whatever
+# their tensor-parallel degree.
+EXPLAINING_KINDS = ("host", "gpu", "nic", "rack", "mount", "job_family")
 NETWORK_KINDS = ("nccl_ib_error", "nccl_ib_call_failed", "nccl_connect_failed")
 SOCKET_KINDS = ("nccl_network", "nccl_ib_unavailable")
 
@@ -600,7 +605,14 @@ def fleet_correlate(now: datetime | None = None) -> list[CulpritScore]:
     )
     # Entities with no implication left in the window are no longer accused.
     CulpritScore.objects.exclude(entity_id__in=per_entity).update(flagged=False, score=0.0)
-    out.extend(config_contrast_record(now))
+    explained = set().union(
+        *(
+            entry["incidents"]
+            for entity_id, entry in per_entity.items()
+            if results[entity_id].flagged and entry["entity"].kind in EXPLAINING_KINDS
+        )
+    )
+    out.extend(config_contrast_record(now, explained))
     return out
 
 
@@ -625,16 +637,29 @@ class Contrast:
         )
 
 
-def config_contrast(now: datetime | None = None, min_failed: int = 3) -> list[Contrast]:
-    """Config values and versions over-represented in failed attempts, per GPU model."""
+def config_contrast(
+    now: datetime | None = None, min_failed: int = 3, explained_incidents: Iterable[int] = ()
+) -> list[Contrast]:
+    """Config values and versions over-represented in failed attempts, per GPU model.
+
+    ``explained_incidents``: incidents an accused host, rack, mount or job family accounts for;
+    they are left out like those whose verdict already named such a cause."""
     now = now or timezone.now()
     since = now - timedelta(days=window_days())
-    attempts = Attempt.objects.filter(
+    # Failures a config could explain: not those already pinned on a host, a rack, a mount or
+    # the job's own code path (a busy job family would otherwise make its settings look bad).
+    explained_incidents = set(explained_incidents)
+    in_window, failed, explained = set(), set(), set()
+    for attempt_id, status, incident_id, culprit in Attempt.objects.filter(
         started_at__gte=since,
         ended_at__lte=now,
         status__in=[Attempt.Status.FAILED, Attempt.Status.SUCCEEDED],
-    )
-    in_window = set(attempts.values_list("id", flat=True))
+    ).values_list("id", "status", "incident__id", "incident__culprit"):
+        in_window.add(attempt_id)
+        if culprit in CONFIG_UNRELATED or incident_id in explained_incidents:
+            explained.add(attempt_id)
+        elif status == Attempt.Status.FAILED:
+            failed.add(attempt_id)
     # One scan of the window's exposures by (entity, time), the index fleet memory reads by:
     # a join on attempts would leave the plan to row estimates that lag a growing fleet.
     model_of: dict[int, set[str]] = {}
@@ -649,16 +674,6 @@ def config_contrast(now: datetime | None = None, min_failed: int = 3) -> list[Co
         elif " on " not in key:  # already qualified by GPU model; the contrast does that itself
             settings_of[attempt_id].add(key if kind == "config" else f"version {key}")
     host_models = dict(Host.objects.exclude(gpu_model="").values_list("hostname", "gpu_model"))
-    # Failures a config could explain: not those already pinned on a host, a rack, a mount or
-    # the job's own code path (a busy job family would otherwise make its settings look bad).
-    failed = set(
-        attempts.filter(status=Attempt.Status.FAILED)
-        .exclude(incident__culprit__in=CONFIG_UNRELATED)
-        .values_list("id", flat=True)
-    )
-    explained = set(
-        attempts.filter(incident__culprit__in=CONFIG_UNRELATED).values_list("id", flat=True)
-    )
     by_model: dict[str, list[int]] = defaultdict(list)
     for attempt_id, hosts in model_of.items():
         if attempt_id in explained:
@@ -696,13 +711,15 @@ def config_contrast(now: datetime | None = None, min_failed: int = 3) -> list[Co
     return sorted(found, key=lambda c: c.p_value)
 
 
-def config_contrast_record(now: datetime) -> list[CulpritScore]:
+def config_contrast_record(
+    now: datetime, explained_incidents: Iterable[int] = ()
+) -> list[CulpritScore]:
     """Store contrast findings as scores on ``config`` entities qualified by GPU model."""
     import math
 
     out = []
     cache: dict = {}
-    for c in config_contrast(now):
+    for c in config_contrast(now, explained_incidents=explained_incidents):
         kind = "version" if c.setting.startswith("version ") else "config"
         key = f"{c.setting.removeprefix('version ')} on {c.gpu_model or 'any GPU'}"
         entity = _entity(kind, key, cache)

@@ -149,7 +149,16 @@ class Ledger:
         self.now = timezone.now()
         self.n = 0
 
-    def attempt(self, entities, *, failed=(), rule="p2p_schedule_desync", confidence=0.65):
+    def attempt(
+        self,
+        entities,
+        *,
+        failed=(),
+        rule="p2p_schedule_desync",
+        confidence=0.65,
+        status="succeeded",
+        culprit="parallelism_config",
+    ):
         """One settled attempt exposed to ``entities``; ``failed`` are the ones its verdict
         implicated (an incident is opened when there are any)."""
         from analysis.models import Entity, Exposure, Implication
@@ -158,7 +167,7 @@ class Ledger:
         at = self.now - timezone.timedelta(hours=6)
         job = self.Job.objects.create(external_id=f"job-{self.n}", name=f"job-{self.n}")
         attempt = self.Attempt.objects.create(
-            job=job, started_at=at, ended_at=at + timezone.timedelta(hours=1), status="succeeded"
+            job=job, started_at=at, ended_at=at + timezone.timedelta(hours=1), status=status
         )
         rows = {}
         for kind, key in entities:
@@ -166,14 +175,14 @@ class Ledger:
             Exposure.objects.create(attempt=attempt, entity=rows[(kind, key)], at=at)
         if failed:
             incident = Incident.objects.create(
-                attempt=attempt, job=job, culprit="parallelism_config", opened_at=at
+                attempt=attempt, job=job, culprit=culprit, opened_at=at
             )
             for kind, key in failed:
                 entity, _ = Entity.objects.get_or_create(kind=kind, key=key)
                 Implication.objects.create(
                     incident=incident,
                     entity=entity,
-                    culprit="parallelism_config",
+                    culprit=culprit,
                     rule_id=rule,
                     confidence=confidence,
                     at=at,
@@ -257,3 +266,28 @@ def test_decay_summed_in_the_database_matches_the_python_decay():
     # ln 2 * 0.001 / (3.5 days in seconds) = 2.3e-9 of itself.
     assert in_sql == pytest.approx(in_python, rel=1e-8)
     assert in_sql == pytest.approx(3 * 0.5 ** ((2 * 24 + 11) / (3.5 * 24)), rel=1e-8)
+
+
+def test_a_setting_whose_failures_an_accused_rack_explains_is_not_accused_as_well():
+    # Every job on rack r9 falls back to sockets and fails; most of them happen to run with
+    # tensor_parallel=8. The verdicts could not name the class (a weak sign: culprit unknown),
+    # so only fleet memory knows the rack did it — and the setting must not be accused for it.
+    from fleet.models import Host
+
+    for i in range(40):
+        Host.objects.create(hostname=f"h{i}", gpu_model="H100", rack="r9" if i < 10 else "r1")
+    ledger = Ledger()
+    tp8 = ("config", "tensor_parallel=8")
+    for i in range(10):
+        on_rack = [("host", f"h{i}"), ("rack", "r9"), tp8]
+        ledger.attempt(
+            on_rack,
+            failed=[("rack", "r9")],
+            rule="socket_transport_multinode",
+            confidence=0.45,
+            status="failed",
+            culprit="unknown",
+        )
+    for i in range(10, 40):
+        ledger.attempt([("host", f"h{i}"), ("rack", "r1")] + ([tp8] if i < 20 else []))
+    assert ledger.flagged() == {"rack:r9"}
