@@ -24,7 +24,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--user", default="admin", help="login to create or reset")
         parser.add_argument("--hosts", type=int, default=96, help="simulated fleet size")
-        parser.add_argument("--days", type=int, default=3, help="simulated days of history")
+        parser.add_argument(
+            "--days",
+            type=int,
+            default=7,
+            help="simulated days of history (a week: every planted "
+            "culprit recurs often enough to be accused)",
+        )
 
     def handle(self, *args, user: str, hosts: int, days: int, **options):
         _, key = AgentKey.objects.create_key(name="demo agent", scopes=[Scope.UPLOAD])
