@@ -6,6 +6,9 @@ import zlib
 
 KINDS = ("log", "fr_dump", "trace", "hw_stats", "unknown")
 SNIFF_BYTES = 64 * 1024
+# Control characters a text log does not hold (tab, newline, vertical tab, form feed and carriage
+# return are text).
+_CONTROL = bytes(b for b in range(32) if not 9 <= b <= 13)
 
 
 def inflate_head(head: bytes, limit: int = SNIFF_BYTES) -> bytes:
@@ -22,7 +25,9 @@ def looks_binary(sample: bytes) -> bool:
         return False
     if b"\x00" in sample:
         return True
-    control = sum(1 for b in sample if b < 9 or 13 < b < 32)
+    # Counted in C: every upload and every parse sniffs its head, and a loop over 4 KB in
+    # Python was 5% of receiving an upload.
+    control = len(sample) - len(sample.translate(None, _CONTROL))
     return control / len(sample) > 0.05
 
 

@@ -101,3 +101,14 @@ def test_the_scanner_yields_exactly_the_lines_holding_a_trigger(data, chunk_size
     scanner = LineScanner(io.BytesIO(data), triggers, chunk_size=chunk_size, fast=fast)
     assert [ln.number for ln in scanner] == expected
     assert scanner.lines_seen == len(raw_lines)
+
+
+@given(st.binary(max_size=512))
+def test_looks_binary_counts_control_bytes_as_the_rule_says(sample):
+    # The rule, spelt out: NUL anywhere, or more than 5% bytes below space that are not
+    # tab, newline, vertical tab, form feed or carriage return.
+    from ingest.parsers.detect import looks_binary
+
+    control = sum(1 for b in sample if b < 9 or 13 < b < 32)
+    expected = bool(sample) and (0 in sample or control / len(sample) > 0.05)
+    assert looks_binary(sample) == expected
