@@ -383,6 +383,22 @@ class Gunicorn(Process):
         assert response.status == 202, (json_of(response), self.tail())
         return json_of(response)["id"]
 
+    def accepted_logs(self, key: str, scenario, ranks) -> list[int]:
+        """Each of ``ranks``' log of a ``fleet.demo`` scenario, each answered 202: their ids."""
+        from fleet.demo import rank_log  # plain Python, no Django
+
+        return [
+            self.accepted(
+                key,
+                rank_log(scenario, rank).encode(),
+                filename=f"rank{rank}.log",
+                host=scenario.host_of(rank),
+                job=scenario.job,
+                rank=rank,
+            )
+            for rank in ranks
+        ]
+
 
 def json_of(response) -> dict:
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.demo import JobScenario, rank_log
+from fleet.demo import JobScenario
 
 from .stack import wait_until
 
@@ -19,15 +19,7 @@ def test_an_ingest_worker_parses_and_only_an_analysis_worker_classifies(stack):
     ingest.wait_ready()
 
     scenario = JobScenario("job-queues", ["gpu-q1", "gpu-q2"], world=2, lagging=0, seq=300)
-    for rank in (0, 1):
-        web.accepted(
-            stack.key,
-            rank_log(scenario, rank).encode(),
-            filename=f"rank{rank}.log",
-            host=scenario.host_of(rank),
-            job=scenario.job,
-            rank=rank,
-        )
+    web.accepted_logs(stack.key, scenario, (0, 1))
 
     db = stack.database
     wait_until(

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from fleet.demo import JobScenario, rank_log
+from fleet.demo import JobScenario
 
 from .stack import json_of, wait_until
 
@@ -30,18 +30,7 @@ def test_uploads_during_a_broker_outage_are_accepted_then_parsed_once_and_classi
 
     broker.stop()  # every queued message is gone with it (no persistence)
     scenario = JobScenario("job-outage", ["gpu-o1", "gpu-o2"], world=4, lagging=0, seq=912)
-    ids = []
-    for rank in range(4):
-        ids.append(
-            web.accepted(
-                stack.key,
-                rank_log(scenario, rank).encode(),
-                filename=f"rank{rank}.log",
-                host=scenario.host_of(rank),
-                job=scenario.job,
-                rank=rank,
-            )
-        )
+    ids = web.accepted_logs(stack.key, scenario, range(4))
     db = stack.database
     assert db.rows("SELECT DISTINCT status FROM ingest_upload") == [("received",)]
     assert "could not enqueue ingest.tasks.upload_parse" in web.log()
@@ -77,16 +66,7 @@ def test_a_worker_starting_after_the_outage_picks_up_what_was_accepted_during_it
     web = stack.gunicorn(env, workers=1)
     broker.stop()
     scenario = JobScenario("job-cold", ["gpu-c1"], world=2, lagging=1, seq=12)
-    for rank in (0, 1):
-        response = web.upload(
-            stack.key,
-            rank_log(scenario, rank).encode(),
-            filename=f"rank{rank}.log",
-            host="gpu-c1",
-            job=scenario.job,
-            rank=rank,
-        )
-        assert response.status == 202, (json_of(response), web.tail())
+    web.accepted_logs(stack.key, scenario, (0, 1))
 
     broker.start()
     worker = stack.worker("late", env)
