@@ -103,7 +103,6 @@ def planted(ranks: int) -> list[int]:
 def _ours_fr(root: str, jobs: int | None = None) -> dict:
     """What ``fleetwatch diagnose`` does with the dumps: by default one process per CPU."""
     from analysis.classify.crossrank import fr_analyze
-    from fleet.cli import usable_cpus
     from ingest.parsers import parse_files
 
     events = []

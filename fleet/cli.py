@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "diagnose":
         try:
-            verdict = diagnose(args.paths, jobs=max(1, args.jobs))
+            verdict = diagnose(args.paths, jobs=args.jobs)  # parse_files keeps it in 1..files
         except OSError as exc:
             print(f"fleetwatch diagnose: {exc}", file=sys.stderr)
             return EXIT_UNREADABLE

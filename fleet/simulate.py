@@ -172,6 +172,22 @@ class Simulator:
 
     # --- the fleet's week -----------------------------------------------------------------
 
+    def run_with_fleet_memory(self, key: str, ticks_per_day: int = 24) -> Truth:
+        """``run`` with fleet memory recomputed at simulated times, as production does: after
+        each incident (within FLEETWATCH_CORRELATE_SECONDS of it) and ``ticks_per_day`` times a
+        simulated day (beat); the recompute at wall-clock time is switched off."""
+        from django.test import override_settings
+
+        from analysis import memory
+
+        with override_settings(FLEETWATCH_CORRELATE_SECONDS=0):
+            return self.run(
+                key,
+                on_tick=memory.fleet_correlate,
+                ticks_per_day=ticks_per_day,
+                on_incident=memory.fleet_correlate,
+            )
+
     def run(self, key: str, on_tick=None, ticks_per_day: int = 4, on_incident=None) -> Truth:
         """The fleet's days in time order. ``on_tick(now)`` runs ``ticks_per_day`` times a
         simulated day (production's beat), ``on_incident(now)`` after each failure's artifacts
@@ -391,8 +407,6 @@ def _incidents_before(plant: dict, score) -> int:
     """How many of the plant's own failures had happened when ``score`` was first flagged. An
     entity's own count can hold others' incidents too (a setting that a noise failure of the
     same job family also implicated), so the truth's times are what is counted."""
-    if "failed_at" not in plant:  # truth written before the times were kept
-        return score.incidents_when_flagged
     return sum(datetime.fromisoformat(t) <= score.first_flagged_at for t in plant["failed_at"])
 
 

@@ -8,7 +8,7 @@ import secrets
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management.base import BaseCommand, CommandError
-from django.test import Client, override_settings
+from django.test import Client
 from django.utils import timezone
 
 from analysis import memory
@@ -39,8 +39,7 @@ class Command(BaseCommand):
             # then a few hand-made incidents of every common kind, all through the upload API.
             self.stdout.write(f"Simulating {hosts} hosts over {days} days of jobs...")
             sim = Simulator(hosts=hosts, days=days, seed=7, end=timezone.now())
-            with override_settings(FLEETWATCH_CORRELATE_SECONDS=0):
-                truth = sim.run(key, on_tick=lambda now: memory.fleet_correlate(now))
+            truth = sim.run_with_fleet_memory(key, ticks_per_day=4)
             self.stdout.write(
                 f"  {truth.attempts} attempts, {truth.failures} failures; planted: "
                 + ", ".join(p.kind for p in truth.plants)

@@ -6,10 +6,8 @@ import time
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
-from django.test import override_settings
 from django.utils import timezone
 
-from analysis import memory
 from fleet.simulate import Simulator
 from ingest.models import AgentKey, Scope
 
@@ -42,16 +40,7 @@ class Command(BaseCommand):
         _, key = AgentKey.objects.create_key(name=f"simulator {seed}", scopes=[Scope.UPLOAD])
         started = time.monotonic()
         sim = Simulator(hosts=hosts, days=days, seed=seed, end=timezone.now())
-        # Fleet memory is recomputed at simulated times, not at the wall-clock time the incidents
-        # happen to be classified: after each incident, as production does within
-        # FLEETWATCH_CORRELATE_SECONDS of one, and at the ticks, as beat does.
-        with override_settings(FLEETWATCH_CORRELATE_SECONDS=0):
-            result = sim.run(
-                key,
-                on_tick=memory.fleet_correlate,
-                ticks_per_day=ticks_per_day,
-                on_incident=memory.fleet_correlate,
-            )
+        result = sim.run_with_fleet_memory(key, ticks_per_day=ticks_per_day)
         AgentKey.objects.filter(name=f"simulator {seed}").update(revoked=True)
         Path(truth).write_text(result.to_json())
         self.stdout.write(
