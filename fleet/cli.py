@@ -124,8 +124,24 @@ def main(argv: list[str] | None = None) -> int:
         default=usable_cpus(),
         help="processes that parse files at once (default: the CPUs this may use; 1 for none)",
     )
+    ev = sub.add_parser(
+        "eval", help="score the diagnosis on the labelled corpus of real incidents (see README)"
+    )
+    ev.add_argument("--split", choices=("dev", "test", "all"), default="dev")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.add_argument(
+        "--no-perturb", action="store_true", help="skip the perturbation check (5x faster)"
+    )
     args = parser.parse_args(argv)
 
+    if args.command == "eval":
+        from analysis.corpus import cases_on
+        from analysis.corpus.evaluate import evaluate, render
+
+        figures = evaluate(cases_on(args.split), perturb=not args.no_perturb)
+        figures["split"] = args.split
+        print(json.dumps(figures, indent=2) if args.json else render(figures, args.split))
+        return 0
     if args.command == "diagnose":
         try:
             verdict = diagnose(args.paths, jobs=args.jobs)  # parse_files keeps it in 1..files
