@@ -71,13 +71,20 @@ def progress_suspects(facts: Facts) -> tuple[list[Suspect], list[Evidence], str]
             why = (
                 "its log shows no timeout: it was not waiting in the collective"
                 if rank in uploaded
-                else "never reported the collective the other ranks timed out in"
+                else "its lines are here but show no timeout: it was not waiting in the collective"
             )
             suspects.append(Suspect("rank", str(rank), why))
             host = facts.context.rank_hosts.get(rank)
             if host:
                 suspects.append(Suspect("host", host, f"runs silent rank {rank}"))
         notes.append(f"rank {_ranks(silent)} never reported the timed-out collective")
+    missing = facts.missing_ranks()
+    if missing:
+        # Not suspects: nothing of theirs is here to say where they were.
+        notes.append(
+            f"no artifacts from rank {_ranks(missing)}: upload their logs to tell whether they "
+            "were in the collective"
+        )
     return suspects, evidence, "; ".join(notes)
 
 

@@ -169,9 +169,14 @@ class Facts:
             return set(range(max(seen) + 1))
         return seen
 
-    def silent_ranks(self) -> set[int]:
-        """Expected ranks that never reported a timeout nor progress on the default group
-        while others timed out on it."""
+    def present_ranks(self) -> set[int]:
+        """Ranks whose own artifacts are here: an uploaded log or dump, or lines of theirs in a
+        shared log. Only these can be said to have done something else."""
+        return set(self.context.ranks_uploaded) | {
+            e.rank for e in self.events if e.rank is not None
+        }
+
+    def _unreported(self) -> set[int]:
         if not self.timeouts or len(self.groups) != 1:
             # With several groups in play we cannot tell which ranks belong to which.
             return set()
@@ -179,6 +184,17 @@ class Facts:
         if group.pg != DEFAULT_PG:
             return set()
         return self.expected_ranks() - set(group.ranks)
+
+    def silent_ranks(self) -> set[int]:
+        """Ranks whose artifacts are here but show no timeout nor progress on the group the
+        others timed out on: they were somewhere else. A rank with no artifacts at all is not
+        silent, it is missing (``missing_ranks``): absence of its lines is no evidence, a pasted
+        excerpt usually holds only some ranks' lines."""
+        return self._unreported() & self.present_ranks()
+
+    def missing_ranks(self) -> set[int]:
+        """Ranks expected in the timed-out group with no artifacts here at all."""
+        return self._unreported() - self.present_ranks()
 
 
 def gather(events: Iterable[Event], context: IncidentContext) -> Facts:

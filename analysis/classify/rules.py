@@ -9,15 +9,16 @@ confident answer is worse than an honest ``unknown``.
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ingest.parsers.events import Event
 
-from .facts import Facts
+from .facts import DEFAULT_PG, Facts
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.4"
+RULESET_VERSION = "2026.11.5"
 NAME_THRESHOLD = 0.5
 
 
@@ -107,8 +108,27 @@ def _crash_first(f: Facts) -> Match | None:
     cuda = [e for e in f.of("cuda_error") if not e.hardware]
     killed = [e for e in f.of("worker_failed") if e.signal == "SIGKILL"]
     killed += [e for e in f.of("failure_record") if e.signal == "SIGKILL"]
-    errors = [e for e in f.of("python_exception") if not _is_timeout_exception(e)]
-    closed = f.of("nccl_peer_closed")
+    exceptions = f.of("python_exception")
+    errors = [e for e in exceptions if not _is_timeout_exception(e) and not _is_peer_gone(e)]
+    # A peer that went away, as the survivors see it: NCCL's "Connection closed by localRank",
+    # gloo's "Connection closed by peer" / "Connection reset by peer" (any backend, any era).
+    closed = f.of("nccl_peer_closed") + [e for e in exceptions if _is_peer_gone(e)]
+    root = _root_cause_crash(f)
+    if root is not None and not oom and not cuda:
+        # torchelastic's "Root Cause (first observed failure)": the first rank to exit, with an
+        # exit code that is not the watchdog's SIGABRT (-6), died on its own.
+        own = [e for e in errors if e.rank == root.rank] or errors[:1]
+        return Match(
+            confidence=0.8,
+            summary=(
+                f"rank {root.rank} died first (exit code {root.exitcode}"
+                f"{', ' + root.signal if root.signal else ''})"
+                + (f" after raising {own[0].exc_type}" if own else "")
+                + "; the other ranks lost their peer"
+            ),
+            evidence=cite([root, *own, *closed], "crash"),
+            suspects=(Suspect("rank", str(root.rank), "first rank to exit (elastic root cause)"),),
+        )
     if oom:
         return Match(
             confidence=0.85,
@@ -140,6 +160,31 @@ def _crash_first(f: Facts) -> Match | None:
     return None
 
 
+def _root_cause_crash(f: Facts):
+    """The elastic root-cause record when it says a rank exited by itself: a Python error
+    (exit code 1) or a kill (SIGKILL, -9). SIGABRT (-6) is the NCCL watchdog taking a process
+    down after a timeout (ProcessGroupNCCL's "taking the entire process down"), not a crash."""
+    for record in f.of("failure_record"):
+        if not record.root_cause or record.rank is None:
+            continue
+        if record.exitcode == 1 or record.signal == "SIGKILL" or record.exitcode == -9:
+            return record
+    return None
+
+
+def _is_peer_gone(e) -> bool:
+    text = f"{e.exc_type} {e.message}".lower()
+    return any(
+        words in text
+        for words in (
+            "connection closed by peer",
+            "connection reset by peer",
+            "connection closed by remote peer",
+            "broken pipe",
+        )
+    )
+
+
 def _is_timeout_exception(e) -> bool:
     text = f"{e.exc_type} {e.message}".lower()
     return any(
@@ -168,12 +213,23 @@ def _network_errors(f: Facts) -> Match | None:
     if not strong:
         return None
     link_local = [e for e in connect if e.link_local]
-    summary = (
-        f"NCCL could not reach a peer ({strong[0].text[:120]})"
-        if not link_local
-        else "NCCL tried to connect over an IPv6 link-local address (a tunnel or unroutable "
-        "interface)"
-    )
+    # A peer advertised a loopback address: NCCL's bootstrap picked `lo` or a hostname that
+    # resolves to 127.0.0.1 (NCCL_SOCKET_IFNAME docs: the interface must be routable between
+    # hosts). 127.0.0.0/8 is loopback by RFC 1122.
+    loopback = [e for e in connect if e.address.startswith(("127.", "localhost", "::1"))]
+    if link_local:
+        summary = (
+            "NCCL tried to connect over an IPv6 link-local address (a tunnel or unroutable "
+            "interface)"
+        )
+    elif loopback:
+        summary = (
+            f"NCCL tried to reach a peer at a loopback address ({loopback[0].address}): a rank "
+            "advertised `lo` or a hostname resolving to 127.0.0.1; pin NCCL_SOCKET_IFNAME to the "
+            "routable interface"
+        )
+    else:
+        summary = f"NCCL could not reach a peer ({strong[0].text[:120]})"
     return Match(
         confidence=0.8,
         summary=summary,
@@ -212,6 +268,92 @@ def _collective_mismatch(f: Facts) -> Match | None:
             Suspect("rank", str(m.rank_b), f"ran {m.op_b} while rank {m.rank_a} ran {m.op_a}"),
         ),
     )
+
+
+# Ops every member calls with the same element count. p2p ops (SEND, RECV, COALESCED) count on
+# their own sequence since PyTorch 2.4 and may legitimately differ, as may all-to-all splits and
+# the root's side of gather/scatter.
+SAME_SIZE_OPS = frozenset(
+    {
+        "ALLREDUCE",
+        "BROADCAST",
+        "REDUCE",
+        "ALLGATHER",
+        "_ALLGATHER_BASE",
+        "ALLGATHER_INTO_TENSOR_COALESCED",
+        "REDUCE_SCATTER",
+        "_REDUCE_SCATTER_BASE",
+        "REDUCE_SCATTER_TENSOR_COALESCED",
+        "BARRIER",
+    }
+)
+
+
+def _watchdog_mismatch(f: Facts) -> Match | None:
+    """Two ranks timed out at the same SeqNum of the same group in different collectives.
+
+    ProcessGroupNCCL numbers the collectives of each process group in the order every rank
+    issues them (``seqCollective_``, incremented once per collective call; p2p has its own
+    counter since 2.4), so equal seqs on one group are one call site in program order. A
+    different OpType or element count there means the ranks are on different code paths, even
+    without TORCH_DISTRIBUTED_DEBUG. A rank printing two ops for one seq means several groups
+    share the unlabelled line: such a seq says nothing.
+    """
+    by_key: dict[tuple[str, int], dict[int, set]] = defaultdict(lambda: defaultdict(set))
+    unlabelled: dict[int, set] = defaultdict(set)
+    for t in f.timeouts:
+        if t.rank is None or t.seq is None or not t.op:
+            continue
+        labelled = t.pg is not None or f.group_of(t) != DEFAULT_PG
+        by_key[(f.group_of(t) if labelled else "?", t.seq)][t.rank].add((t.op, t.numel_in))
+        if not labelled:
+            unlabelled[t.rank].add((t.seq, t.op))
+    if any(len(calls) > 1 for calls in unlabelled.values()):
+        # A rank timed out in several works with no group named: several groups are in play
+        # and equal seqs on unlabelled lines may belong to different groups.
+        by_key = {key: ranks for key, ranks in by_key.items() if key[0] != "?"}
+    for (pg, seq), ranks in sorted(by_key.items()):
+        if len(ranks) < 2 or any(len(calls) != 1 for calls in ranks.values()):
+            continue
+        calls = {rank: next(iter(c)) for rank, c in ranks.items()}
+        if any(op not in SAME_SIZE_OPS for op, _ in calls.values()):
+            continue
+        sized = all(numel is not None for _, numel in calls.values())
+
+        def kind(call, sized=sized):
+            return call if sized else (call[0], None)
+
+        kinds = Counter(kind(call) for call in calls.values())
+        if len(kinds) < 2:
+            continue
+        (top, n_top), (_, n_next) = kinds.most_common(2)
+        # The odd ranks out are the minority; with no majority nobody is singled out.
+        odd = sorted(r for r, call in calls.items() if kind(call) != top) if n_top > n_next else []
+        shown = sorted(calls.items())[:4]
+        same_op = len({op for op, _ in calls.values()}) == 1
+        return Match(
+            # Different ops at one seq cannot be one call; equal ops of different sizes almost
+            # surely are not (an all_reduce's count is the caller's tensor), a notch weaker.
+            confidence=0.7 if same_op else 0.8,
+            summary=(
+                f"ranks timed out at the same SeqNum {seq}"
+                + (f" on process group {pg}" if pg != "?" else "")
+                + " in different "
+                "collectives ("
+                + "; ".join(
+                    f"rank {r} {op}" + (f" of {n}" if sized else "") for r, (op, n) in shown
+                )
+                + "): they issued collectives in a different order"
+            ),
+            evidence=cite(
+                [t for t in f.timeouts if t.seq == seq and t.rank in calls], "collective_mismatch"
+            ),
+            suspects=tuple(
+                Suspect("rank", str(r), f"ran {calls[r][0]} at SeqNum {seq} unlike the others")
+                for r in odd[:8]
+            ),
+        )
+    return None
 
 
 def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
@@ -258,7 +400,9 @@ def _rank_left_early(f: Facts) -> Match | None:
         return None
     uploaded = silent & set(f.context.ranks_uploaded)
     return Match(
-        confidence=0.7 if uploaded else 0.55,
+        # Its own file says it was elsewhere (0.7); its lines in a shared log do too, but a
+        # shared log may be an excerpt cut before the rank's timeout line (0.6).
+        confidence=0.7 if uploaded else 0.6,
         summary=(
             f"every reporting rank waits in the same collective while rank "
             f"{', '.join(map(str, sorted(silent)[:8]))} never joined it and shows no error: it "
@@ -400,6 +544,19 @@ RULES: tuple[Rule, ...] = (
         "(broadcast, barrier, all_reduce of metrics) out of `if rank == 0:` blocks, e.g. "
         "checkpoint or logging code that broadcasts from rank 0 alone.",
         _collective_mismatch,
+        marks_failure=True,
+    ),
+    Rule(
+        "watchdog_op_mismatch",
+        "Ranks timed out at the same SeqNum of one group in different collectives or sizes",
+        ("watchdog_timeout",),
+        "rank_desync_code",
+        0.8,
+        "Make every rank issue the same collectives in the same order with the same sizes: look "
+        "for collectives inside rank- or data-dependent branches (rank-0-only evaluation, "
+        "logging or checkpoint code, early exits, data-dependent skips); "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL names the call sites.",
+        _watchdog_mismatch,
         marks_failure=True,
     ),
     Rule(

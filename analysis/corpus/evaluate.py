@@ -17,6 +17,7 @@ Pure: no Django. Cases are diagnosed as ``fleetwatch diagnose`` diagnoses files.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import tempfile
@@ -202,7 +203,7 @@ def calibration(outcomes: Iterable[Outcome]) -> tuple[list[dict[str, Any]], floa
     """Reliability table over named verdicts and the expected calibration error."""
     named = [o for o in outcomes if o.named]
     rows, ece = [], 0.0
-    for low, high in zip(CALIBRATION_BINS, CALIBRATION_BINS[1:], strict=False):
+    for low, high in itertools.pairwise(CALIBRATION_BINS):
         inside = [o for o in named if low <= o.confidence < high]
         if not inside:
             continue
@@ -323,5 +324,7 @@ def render(figures: dict[str, Any], split: str) -> str:
         )
     lines.append("  rules (fired, named, precision when naming):")
     for rule_id, row in figures["rules"].items():
-        lines.append(f"    {rule_id:34s} {row['fired']:4d} {row['named']:4d}  {pct(row['precision'])}")
+        lines.append(
+            f"    {rule_id:34s} {row['fired']:4d} {row['named']:4d}  {pct(row['precision'])}"
+        )
     return "\n".join(lines)

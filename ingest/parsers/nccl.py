@@ -39,7 +39,9 @@ from .prefix import Prefix
 # "NCCL" covers every NCCL INFO/WARN line, "NCCL version", "NCCL error in:", NCCL_* variables
 # and PyTorch's ProcessGroupNCCL lines; "Error" the ncclSystemError-style lines of PyTorch
 # exceptions that do not repeat the word NCCL.
-TRIGGERS: tuple[bytes, ...] = (b"NCCL", b"Error")
+# "Connect to" the socket failures PyTorch 1.13+ reprints after "Last error:" on a line of their
+# own, without the NCCL WARN header.
+TRIGGERS: tuple[bytes, ...] = (b"NCCL", b"Error", b"Connect to ")
 
 # ibv_wc_status (libibverbs <infiniband/verbs.h>) → name, meaning, and whether it is usually a
 # follow-on (the queue pair was already in error because of an earlier failure).
@@ -204,10 +206,29 @@ class NcclParser:
         if "NCCL" in text:
             if "NCCL INFO" in text or "NCCL WARN" in text:
                 return self._debug_line(line, pre, text)
-            return self._other_line(line, pre, text)
-        if "nccl" in text:
-            return self._result_name(line, pre, text)
-        return []
+            return self._other_line(line, pre, text) + self._reprinted_connect(line, pre, text)
+        out = self._result_name(line, pre, text) if "nccl" in text else []
+        return out + self._reprinted_connect(line, pre, text)
+
+    def _reprinted_connect(self, line: Line, pre: Prefix, text: str) -> list[Event]:
+        """``Last error:`` followed by NCCL's own WARN text (PyTorch 1.13+), e.g.
+        ``socketStartConnect: Connect to 127.0.0.1<45069> failed : Connection refused``."""
+        if "Connect to" not in text or "failed" not in text:
+            return []
+        m = _CONNECT.search(text)
+        if not m:
+            return []
+        address = m.group("addr")
+        return [
+            NcclConnectFailed(
+                line=line.number,
+                text=line.text,
+                rank=pre.rank,
+                address=address[:200],
+                reason=m.group("reason")[:200],
+                link_local=address.lower().startswith("fe80:"),
+            )
+        ]
 
     def flush(self) -> list[Event]:
         return []

@@ -1,0 +1,157 @@
+"""Evidence discipline: accuse only what was observed, read contradictions the lines carry, and
+name the rank that died first on any backend."""
+
+from analysis.classify import IncidentContext, classify
+from ingest.parsers import parse_log
+
+
+def watchdog(rank: int, seq: int, op: str = "ALLREDUCE", numel: int = 8, era: str = "2.x") -> str:
+    work = (
+        f"WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={numel}, "
+        "Timeout(ms)=600000)"
+    )
+    if era == "1.x":
+        work = f"WorkNCCL(SeqNum={seq}, OpType={op}, Timeout(ms)=1800000)"
+        return (
+            f"[E ProcessGroupNCCL.cpp:737] [Rank {rank}] Watchdog caught collective operation "
+            f"timeout: {work} ran for 1804371 milliseconds before timing out.\n"
+        )
+    return (
+        f"[rank{rank}]:[E1121 03:12:44.1 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught "
+        f"collective operation timeout: {work} ran for 600031 milliseconds before timing out.\n"
+    )
+
+
+def verdict_of(text: str, context: IncidentContext | None = None):
+    return classify(parse_log(text.encode(), source="excerpt.log").events, context)
+
+
+def rank_suspects(verdict) -> list[str]:
+    return [s.id for s in verdict.suspects if s.kind == "rank"]
+
+
+def test_an_excerpt_without_rank_0_does_not_accuse_rank_0():
+    for era in ("1.x", "2.x"):
+        verdict = verdict_of("".join(watchdog(r, 56693, "BROADCAST", era=era) for r in (3, 2, 1)))
+        assert verdict.culprit == "unknown"
+        assert "0" not in rank_suspects(verdict)
+        assert "no artifacts from rank 0" in verdict.summary
+
+
+def test_a_rank_whose_lines_are_present_but_show_no_timeout_is_silent_and_suspected():
+    text = "".join(watchdog(r, 19) for r in (1, 2, 3)) + (
+        "[rank0]:Traceback (most recent call last):\n"
+        '[rank0]:  File "train.py", line 3, in <module>\n'
+        "[rank0]:StopIteration: data exhausted\n"
+    )
+    verdict = verdict_of(text)
+    assert rank_suspects(verdict)[:1] == ["0"]
+
+
+def test_a_rank_whose_own_log_was_uploaded_without_a_timeout_is_the_suspect():
+    verdict = verdict_of(
+        "".join(watchdog(r, 19) for r in (1, 2, 3)),
+        IncidentContext(ranks_uploaded=frozenset({0, 1, 2, 3})),
+    )
+    assert verdict.culprit == "rank_desync_code"
+    assert rank_suspects(verdict) == ["0"]
+
+
+def test_the_same_seqnum_in_different_ops_on_plain_watchdog_lines_is_a_mismatch():
+    text = watchdog(0, 9) + watchdog(1, 9) + watchdog(2, 9, "BROADCAST", 1) + watchdog(3, 9)
+    verdict = verdict_of(text)
+    assert verdict.culprit == "rank_desync_code"
+    assert "watchdog_op_mismatch" in verdict.rule_ids
+    assert rank_suspects(verdict)[:1] == ["2"]
+
+
+def test_the_same_seqnum_in_the_same_op_and_size_is_no_mismatch():
+    verdict = verdict_of("".join(watchdog(r, 9) for r in range(4)))
+    assert "watchdog_op_mismatch" not in verdict.rule_ids
+
+
+def test_point_to_point_ops_at_one_seqnum_are_not_called_a_mismatch():
+    text = watchdog(0, 4, "SEND", 100) + watchdog(1, 4, "RECV", 100) + watchdog(2, 4, "ALLREDUCE")
+    assert "watchdog_op_mismatch" not in verdict_of(text).rule_ids
+
+
+def test_a_rank_timing_out_in_two_unlabelled_works_makes_equal_seqs_say_nothing():
+    # Two groups in play (FSDP shard + replicate), lines that do not name their group.
+    text = (
+        watchdog(0, 5, "ALLREDUCE")
+        + watchdog(0, 7, "_ALLGATHER_BASE", 64)
+        + watchdog(1, 5, "_ALLGATHER_BASE", 64)
+    )
+    assert "watchdog_op_mismatch" not in verdict_of(text).rule_ids
+
+
+ELASTIC_TABLE = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-25_09:01:12
+  host      : node-b
+  rank      : 3 (local_rank: 1)
+  exitcode  : 1 (pid: 4243)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_09:01:10
+  host      : node-b
+  rank      : {rank} (local_rank: 0)
+  exitcode  : {code} (pid: 4242)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+GLOO_ECHO = (
+    "[rank{r}]:RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+    "closed by peer [127.0.0.1]:41234\n"
+)
+
+
+def test_on_gloo_the_rank_that_raised_first_is_named_and_the_echoes_are_not_crashes():
+    text = (
+        "[rank2]:Traceback (most recent call last):\n"
+        '[rank2]:  File "train.py", line 40, in <module>\n'
+        "[rank2]:RuntimeError: injected failure in the loss\n"
+        + GLOO_ECHO.format(r=0)
+        + GLOO_ECHO.format(r=1)
+        + ELASTIC_TABLE.format(rank=2, code=1)
+    )
+    verdict = verdict_of(text)
+    assert verdict.culprit == "oom_or_crash"
+    assert rank_suspects(verdict)[:1] == ["2"]
+
+
+def test_a_watchdog_abort_as_root_cause_is_not_called_a_crash():
+    text = "".join(watchdog(r, 19) for r in range(4)) + ELASTIC_TABLE.format(rank=0, code=-6)
+    assert verdict_of(text).culprit != "oom_or_crash"
+
+
+def test_a_sigkilled_root_cause_names_that_rank():
+    table = ELASTIC_TABLE.format(rank=1, code=-9).replace(
+        "  exitcode  : -9 (pid: 4242)", "  exitcode  : -9 (pid: 4242)"
+    )
+    verdict = verdict_of(GLOO_ECHO.format(r=0) + table)
+    assert verdict.culprit == "oom_or_crash"
+    assert rank_suspects(verdict)[:1] == ["1"]
+
+
+def test_a_peer_advertising_loopback_on_a_multi_host_job_is_a_network_problem():
+    text = (
+        "[rank10]:torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1331, "
+        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.5\n"
+        "[rank10]:Last error:\n"
+        "[rank10]:socketStartConnect: Connect to 127.0.0.1<45069> failed : Software caused "
+        "connection abort\n"
+    )
+    verdict = verdict_of(text)
+    assert verdict.culprit == "network_transport"
+    assert "loopback" in verdict.summary
