@@ -73,6 +73,10 @@ class Agent:
         )
         self.path_pattern = re.compile(config.log_path_pattern) if config.log_path_pattern else None
         self.seen: dict[str, list] = dict(extra.get("seen", {}))
+        # summary filename -> the raw trace it was made from and the job it was sent under, so
+        # that a request for it sends that one file (never another job's trace of the rank).
+        self.summaries: dict[str, dict] = dict(extra.get("summaries", {}))
+        self.answered: list[int] = list(extra.get("answered", []))
         self.heartbeats: list[dict] = []
         self.dumped: set[tuple] = set()
         self.mismatches: set[tuple] = set()
@@ -405,22 +409,42 @@ class Agent:
             )
             self._put(header, body)
             self.seen[entry.path] = stamp
+            if filename.endswith(".summary.json"):
+                self.summaries[filename] = {
+                    "path": entry.path,
+                    "job": str(current[0]),
+                    "attempt": int(current[1]),
+                    "rank": rank,
+                }
             changed = True
         if changed:
             self.spool.save_extra("seen", self.seen)
+            self._save_summaries()
+
+    def _save_summaries(self) -> None:
+        # Bounded: the newest 2,000 summaries (raw traces older than trace_keep_s are gone).
+        if len(self.summaries) > 2000:
+            self.summaries = dict(list(self.summaries.items())[-2000:])
+        self.spool.save_extra("summaries", self.summaries)
 
     def answer_requests(self, now: float) -> None:
-        """Upload the raw traces the server asked for (it read their summaries and wants the
-        whole trace of a suspect rank). Upload idempotency makes a repeated answer harmless."""
+        """Send the raw trace the server asked for, once per request: the one behind the
+        summary it names, for the same job, attempt and rank; then answer the request (``sent``
+        or ``none``) so that the server closes it. A request not answered yet (the server was
+        away) is answered on the next poll, without sending the file again."""
         if not self.config.trace_dirs or not self.config.server:
             return
         if now < getattr(self, "next_request_poll", 0.0):
             return
         self.next_request_poll = now + self.config.request_poll_s
         for request in self.uploader.artifact_requests(self.config.host):
-            if request.get("kind") != "trace":
+            if request.get("kind") != "trace" or not isinstance(request.get("id"), int):
                 continue
-            for path in self._kept_traces(request.get("rank")):
+            if request["id"] in self.answered:
+                self.uploader.answer_request(request["id"], "sent")
+                continue
+            path = self._requested_trace(request)
+            if path is not None:
                 raw = Path(path).read_bytes()
                 body = raw if raw[:2] == b"\x1f\x8b" else gz(raw)
                 name = Path(path).name
@@ -433,17 +457,24 @@ class Agent:
                     filename=name if name.endswith(".gz") else name + ".gz",
                 )
                 self._put(header, body)
+                self.answered = [*self.answered[-999:], request["id"]]
+                self.spool.save_extra("answered", self.answered)
+                log.info("sent %s for request %s", name, request["id"])
+            outcome = "sent" if path is not None else "none"
+            self.uploader.answer_request(request["id"], outcome)
 
-    def _kept_traces(self, rank) -> list[str]:
-        found = []
-        for folder in self.config.trace_dirs:
-            for path in sorted(Path(folder).glob("*.json*")):
-                if path.name.endswith(".summary.json"):
-                    continue
-                m = RANK_IN_NAME.search(path.name)
-                if m and rank is not None and int(m.group(1)) == int(rank):
-                    found.append(str(path))
-        return found
+    def _requested_trace(self, request: dict) -> str | None:
+        """The raw trace a request asks for, or None: the summary it names must be one this
+        agent sent for the same job, attempt and rank, and the raw file must still be here."""
+        made = self.summaries.get(str(request.get("filename") or ""))
+        if made is None:
+            return None
+        same = (
+            made["job"] == str(request.get("job"))
+            and made["attempt"] == int(request.get("attempt") or 0)
+            and made["rank"] == request.get("rank")
+        )
+        return made["path"] if same and Path(made["path"]).is_file() else None
 
     def prune_traces(self, now: float) -> None:
         """Raw traces already summarised are kept locally for trace_keep_s, then removed."""

@@ -95,6 +95,24 @@ class Uploader:
             return []
         return [r for r in answer if isinstance(r, dict)] if isinstance(answer, list) else []
 
+    def answer_request(self, request_id: int, outcome: str) -> bool:
+        """Tell the server what became of a request (``sent`` or ``none``); False when it could
+        not be told now (the next poll lists the request again and it is answered again)."""
+        base = self.config.server.rstrip("/")
+        try:
+            response = self.http.request(
+                "POST",
+                f"{base}{REQUESTS_PATH}/{int(request_id)}/answer",
+                body=json.dumps({"outcome": outcome}).encode(),
+                headers={
+                    "Authorization": f"Bearer {self.config.api_key()}",
+                    "Content-Type": "application/json",
+                },
+            )
+        except urllib3.exceptions.HTTPError:
+            return False
+        return response.status in (200, 404)
+
     def drain(self, budget_s: float = 5.0, *, max_items: int | None = None) -> int:
         """Send items until the spool is empty, the server fails, or the budget is spent."""
         if not self.config.server or not self.ready():

@@ -102,7 +102,10 @@ def incident_classify(attempt: Attempt, now=None) -> Incident | None:
     now = now or timezone.now()
     events = [*attempt_config_events(attempt), *attempt_events(attempt)]
     verdict: Verdict = classify(events, attempt_context(attempt))
-    if not verdict.failed:
+    if not verdict.failed or attempt.status == Attempt.Status.SUCCEEDED:
+        # An incident needs a failure: slow-rank, I/O and loader signals of an attempt that
+        # every rank finished (exit 0, reported by the agent or scheduler) are no incident, and
+        # the attempt stays succeeded so fleet memory never counts a failure that did not happen.
         return Incident.objects.filter(attempt=attempt).first()
     fields = {
         "job_id": attempt.job_id,

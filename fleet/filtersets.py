@@ -13,7 +13,10 @@ class HostFilterSet(django_filters.FilterSet):
 
 class JobFilterSet(django_filters.FilterSet):
     external_id = django_filters.CharFilter()
+    # What every other endpoint calls a job: the scheduler's id (external_id is kept for callers
+    # written against the first API).
+    job = django_filters.CharFilter(field_name="external_id", help_text="the scheduler's job id")
 
     class Meta:
         model = Job
-        fields = ["external_id", "name"]
+        fields = ["job", "external_id", "name"]

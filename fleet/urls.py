@@ -10,7 +10,7 @@ from analysis.api.views import (
     IncidentViewSet,
 )
 from fleet.api.views import AttemptReportView, HostViewSet, JobViewSet
-from ingest.api.views import ArtifactRequestsView, UploadViewSet
+from ingest.api.views import ArtifactRequestAnswerView, ArtifactRequestsView, UploadViewSet
 
 router = DefaultRouter(trailing_slash=False)
 router.register("incidents", IncidentViewSet)
@@ -22,6 +22,11 @@ router.register("culprits", CulpritScoreViewSet)
 api_v1 = [
     path("attempts", AttemptReportView.as_view(), name="attempt-report"),
     path("artifact-requests", ArtifactRequestsView.as_view(), name="artifact-requests"),
+    path(
+        "artifact-requests/<int:pk>/answer",
+        ArtifactRequestAnswerView.as_view(),
+        name="artifact-request-answer",
+    ),
     path("hosts/<str:hostname>/health", HostHealthView.as_view(), name="host-health"),
     path("hosts/<str:hostname>/repaired", HostRepairedView.as_view(), name="host-repaired"),
     path("", include(router.urls)),

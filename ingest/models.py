@@ -119,6 +119,16 @@ class ArtifactRequest(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     fulfilled_at = models.DateTimeField(null=True, blank=True)
     upload = models.ForeignKey(Upload, on_delete=models.SET_NULL, null=True, blank=True)
+    # The summary the server read: the agent sends the raw trace it summarised under this name,
+    # for this job, attempt and rank, and nothing else.
+    source_file = models.CharField(max_length=255, blank=True)
+
+    class Outcome(models.TextChoices):
+        OPEN = "", "open"
+        SENT = "sent", "sent"
+        NONE = "none", "none"  # the agent no longer has it (pruned, other host)
+
+    outcome = models.CharField(max_length=8, choices=Outcome.choices, default="", blank=True)
 
     class Meta:
         ordering = ["created_at"]

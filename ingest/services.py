@@ -424,10 +424,23 @@ def artifact_requests_for_incident(incident, attempt: Attempt) -> int:
                 defaults={
                     "job_id": attempt.job_id,
                     "reason": f"raw trace of suspect rank {rank} (incident {incident.pk})",
+                    "source_file": filename[:255],
                 },
             )
             made += created
     return made
+
+
+def artifact_request_answer(request_id: int, outcome: str, now=None) -> bool:
+    """The agent's one answer to a request: it sent the file, or it has none. The first answer
+    closes the request (a conditional update, so a repeated answer changes nothing)."""
+    from ingest.models import ArtifactRequest
+
+    return bool(
+        ArtifactRequest.objects.filter(pk=request_id, outcome="").update(
+            outcome=outcome, fulfilled_at=now or timezone.now()
+        )
+    )
 
 
 def artifact_requests_fulfil(upload: Upload) -> None:
@@ -436,6 +449,9 @@ def artifact_requests_fulfil(upload: Upload) -> None:
 
     if upload.kind != Upload.Kind.TRACE or upload.filename.endswith(".summary.json"):
         return
-    ArtifactRequest.objects.filter(
-        attempt=upload.attempt, host=upload.host, rank=upload.rank, fulfilled_at=None
-    ).update(fulfilled_at=timezone.now(), upload=upload)
+    answered = ArtifactRequest.objects.filter(
+        attempt=upload.attempt, host=upload.host, rank=upload.rank, upload=None
+    )
+    # The agent's "sent" answer may arrive before the file: link the file either way.
+    answered.filter(fulfilled_at=None).update(fulfilled_at=timezone.now(), outcome="sent")
+    answered.update(upload=upload)

@@ -763,7 +763,8 @@ CROSSRANK_RULES: tuple[Rule, ...] = (
         "SummaryWriter with flush_secs) and less often, and avoid fsync per step; raise the "
         "collective timeout only as a stopgap.",
         _slow_rank_io,
-        marks_failure=True,
+        # explains a failure; is none itself (an incident needs a failure)
+        marks_failure=False,
     ),
     Rule(
         "slow_rank_dataloader",
@@ -775,7 +776,8 @@ CROSSRANK_RULES: tuple[Rule, ...] = (
         "GPUs ≤ cores), pin_memory, persistent_workers=True, prefetch; check its data shard "
         "(slow storage, larger samples) and the host's CPU load.",
         _slow_rank_dataloader,
-        marks_failure=True,
+        # explains a failure; is none itself (an incident needs a failure)
+        marks_failure=False,
     ),
     Rule(
         "fr_rank_missing",

@@ -131,7 +131,7 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
     summary = "; ".join(p for p in (_describe_timeouts(facts), progress_note) if p)
     if named:
         best = named[0]
-        culprit, confidence, fix = best.rule.culprit, best.confidence, best.rule.fix
+        culprit, confidence, fix = best.rule.culprit, best.confidence, best.fix or best.rule.fix
         summary = ". ".join(p for p in (best.summary, summary) if p)
         evidence = list(best.evidence) + evidence
         suspects = list(best.suspects) + suspects

@@ -183,7 +183,8 @@ HARDWARE_RULES: tuple[Rule, ...] = (
         "reseat and check the link (`nvidia-smi nvlink -e`, `lspci -vvv`), then run "
         "`dcgmi diag -r 3` before returning the host.",
         _gpu_error_counters,
-        marks_failure=True,
+        # explains a failure; is none itself (an incident needs a failure)
+        marks_failure=False,
     ),
     Rule(
         "data_order_mismatch",

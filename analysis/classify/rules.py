@@ -9,11 +9,13 @@ confident answer is worse than an honest ``unknown``.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ingest.parsers.events import Event
+from ingest.parsers.signatures import known_issues
 
 from .facts import DEFAULT_PG, Facts
 from .model import Evidence, Suspect
@@ -43,6 +45,7 @@ class Rule:
             summary=match.summary,
             evidence=match.evidence,
             suspects=match.suspects,
+            fix=match.fix,
         )
 
 
@@ -53,6 +56,7 @@ class Match:
     summary: str = ""
     evidence: tuple[Evidence, ...] = ()
     suspects: tuple[Suspect, ...] = ()
+    fix: str = ""  # a fix specific to what matched (a knowledge-base entry's), else the rule's
 
 
 def cite(events: Iterable[Event], signal: str, most: int = 6) -> tuple[Evidence, ...]:
@@ -430,14 +434,104 @@ def _p2p_schedule_desync(f: Facts) -> Match | None:
     )
 
 
+def _version(text: str | None) -> tuple[int, ...] | None:
+    parts = re.findall(r"\d+", text or "")[:3]
+    return tuple(int(p) for p in parts) if parts else None
+
+
+def _in_range(version: tuple[int, ...] | None, entry: dict) -> bool | None:
+    """Whether a printed version lies in a known issue's affected range (None: no version)."""
+    if version is None:
+        return None
+    low, high = (
+        _version(entry["affected"].get("min")),
+        _version(entry["affected"].get("max_excluded")),
+    )
+    return (low is None or version >= low) and (high is None or version < high)
+
+
+def _component_version(f: Facts, component: str) -> tuple[int, ...] | None:
+    key = {"nccl": "nccl_version", "pytorch": "torch_version", "cuda": "cuda_version"}.get(
+        component
+    )
+    return f.config_version(key) if key else None
+
+
+def _knowledge_hits(f: Facts, culprits: set[str]):
+    """Known-issue signatures seen, less those whose printed component version is outside the
+    entry's affected range (a fixed release cannot have the bug)."""
+    hits = []
+    for event in f.of("known_signature"):
+        if event.culprit not in culprits:
+            continue
+        entry = known_issues().get(event.signature)
+        if entry and _in_range(_component_version(f, entry["component"]), entry) is False:
+            continue
+        hits.append((event, entry))
+    return hits
+
+
 def _known_library_bug(f: Facts) -> Match | None:
-    hits = [e for e in f.of("known_signature") if e.culprit == "software_version"]
+    hits = _knowledge_hits(f, {"software_version"})
     if not hits:
         return None
+    event, entry = hits[0]
+    title = entry["title"] if entry else event.signature
+    fixed = (
+        f" (fixed in {entry['component'].upper()} {entry['fixed_in']})"
+        if entry and entry.get("fixed_in")
+        else ""
+    )
     return Match(
         confidence=0.7,
-        summary=f"known library bug signature: {hits[0].signature}",
-        evidence=cite(hits, "known_bug"),
+        summary=f"known library bug: {title}{fixed}",
+        evidence=cite([e for e, _ in hits], "known_bug"),
+        fix=(entry["fix"] + f" Source: {entry['source_url']}") if entry else "",
+    )
+
+
+def _known_environment_issue(culprit: str):
+    """A known environment fault with its own signature (shared memory too small, systemd
+    removing IPC objects, RoCE GID changes, fabric manager state), for the knowledge-base
+    entries of one culprit class, with the entry's sourced fix."""
+    return lambda f: _known_environment_match(f, culprit)
+
+
+def _known_environment_match(f: Facts, culprit: str) -> Match | None:
+    hits = _knowledge_hits(f, {culprit})
+    if not hits:
+        return None
+    event, entry = hits[0]
+    return Match(
+        confidence=0.65,
+        summary=f"known environment fault: {entry['title'] if entry else event.signature}",
+        evidence=cite([e for e, _ in hits], "known_issue"),
+        fix=(entry["fix"] + f" Source: {entry['source_url']}") if entry else "",
+    )
+
+
+def _known_version_issue(f: Facts) -> Match | None:
+    """The printed NCCL/PyTorch version lies in the bounded range of a known regression (both
+    ends known from release notes). A lead, never the culprit on its own: the bug needs its
+    conditions, which a version does not show."""
+    if not f.failed:
+        return None
+    found = []
+    for entry in known_issues().values():
+        if entry.get("signature") or not entry["affected"].get("min"):
+            continue
+        if entry["affected"].get("max_excluded") and _in_range(
+            _component_version(f, entry["component"]), entry
+        ):
+            found.append(entry)
+    if not found:
+        return None
+    return Match(
+        confidence=0.35,
+        summary="the job's version has known hangs fixed since: "
+        + "; ".join(f"{e['title']} (fixed in {e['fixed_in']})" for e in found[:3]),
+        evidence=cite(f.config_events("nccl_version", "torch_version"), "known_version_issue"),
+        fix="; ".join(f"{e['fix']} ({e['source_url']})" for e in found[:3]),
     )
 
 
@@ -584,6 +678,35 @@ RULES: tuple[Rule, ...] = (
         marks_failure=True,
     ),
     Rule(
+        "known_network_issue",
+        "A known network fault's signature (knowledge base: RoCE GID change, IB timeouts)",
+        ("known_signature",),
+        "network_transport",
+        0.65,
+        "See the knowledge-base entry named in the summary.",
+        _known_environment_issue("network_transport"),
+        marks_failure=True,
+    ),
+    Rule(
+        "known_host_issue",
+        "A known host fault's signature (knowledge base: /dev/shm, RemoveIPC, fabric manager)",
+        ("known_signature",),
+        "bad_node_hardware",
+        0.65,
+        "See the knowledge-base entry named in the summary.",
+        _known_environment_issue("bad_node_hardware"),
+        marks_failure=True,
+    ),
+    Rule(
+        "known_version_issue",
+        "The printed version lies in the affected range of a known regression",
+        ("config_value",),
+        "software_version",
+        0.35,
+        "Upgrade to the release that fixed it.",
+        _known_version_issue,
+    ),
+    Rule(
         "storage_stall",
         "The kernel log shows storage that stopped answering (NFS, Lustre, hung tasks in I/O)",
         ("storage_stall",),
@@ -593,7 +716,8 @@ RULES: tuple[Rule, ...] = (
         "asynchronously; log less often from rank 0; raise the collective timeout only as a "
         "stopgap (init_process_group(timeout=timedelta(minutes=30))).",
         _storage_stall,
-        marks_failure=True,
+        # explains a failure; is none itself (an incident needs a failure)
+        marks_failure=False,
     ),
     Rule(
         "preprocessing_outlasted_timeout",

@@ -107,4 +107,3 @@ def freeze_split(root: Path = CASES, path: Path = SPLIT_FILE) -> dict[str, Any]:
     }
     path.write_text(json.dumps(split, indent=1) + "\n")
     return split
-

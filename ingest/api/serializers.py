@@ -72,3 +72,12 @@ class ArtifactRequestSerializer(serializers.Serializer):
     rank = serializers.IntegerField(allow_null=True)
     kind = serializers.CharField()
     reason = serializers.CharField()
+    filename = serializers.CharField(
+        source="source_file", help_text="the summary the server read; send the trace behind it"
+    )
+    window_start = serializers.DateTimeField(source="attempt.started_at", allow_null=True)
+    window_end = serializers.DateTimeField(source="attempt.ended_at", allow_null=True)
+
+
+class ArtifactRequestAnswerSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=["sent", "none"])

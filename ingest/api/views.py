@@ -6,12 +6,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ingest.api.serializers import (
+    ArtifactRequestAnswerSerializer,
     ArtifactRequestSerializer,
     UploadAcceptedSerializer,
     UploadCreateSerializer,
     UploadSerializer,
 )
 from ingest.auth import CanRead, CanUpload
+from ingest.filtersets import UploadFilterSet
 from ingest.models import ArtifactRequest, Upload
 from ingest.services import UploadRejected, upload_receive
 
@@ -24,7 +26,7 @@ class UploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     queryset = Upload.objects.select_related("host", "job", "attempt")
     serializer_class = UploadSerializer
-    filterset_fields = ["status", "kind"]
+    filterset_class = UploadFilterSet
     parser_classes = [MultiPartParser]
 
     def get_permissions(self):
@@ -95,8 +97,25 @@ class ArtifactRequestsView(APIView):
         if not host:
             return Response({"detail": "the host query parameter is required"}, status=400)
         open_requests = (
-            ArtifactRequest.objects.filter(host__hostname=host, fulfilled_at=None)
+            ArtifactRequest.objects.filter(host__hostname=host, fulfilled_at=None, outcome="")
             .select_related("job", "attempt")
             .order_by("created_at")[:100]
         )
         return Response(ArtifactRequestSerializer(open_requests, many=True).data)
+
+
+class ArtifactRequestAnswerView(APIView):
+    """The agent answers a request once: ``sent`` (the file is on its way) or ``none``."""
+
+    permission_classes = [CanUpload]
+
+    @extend_schema(request=ArtifactRequestAnswerSerializer, responses={200: None, 404: None})
+    def post(self, request, pk: int):
+        from ingest.services import artifact_request_answer
+
+        body = ArtifactRequestAnswerSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not ArtifactRequest.objects.filter(pk=pk).exists():
+            return Response({"detail": "no such request"}, status=404)
+        closed = artifact_request_answer(pk, body.validated_data["outcome"])
+        return Response({"id": pk, "closed_now": closed})

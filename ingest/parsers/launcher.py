@@ -271,7 +271,9 @@ class LauncherParser:
     def _details(self, ctx: dict, text: str) -> list[Event]:
         """What an error line says beyond its exception type."""
         out: list[Event] = []
-        if "out of memory" in text and "CUDA" in text:
+        # A warning that quotes an OOM it recovered from (FSDP's "Failed to clone() tensor …
+        # Error: CUDA out of memory") is not the rank running out of memory.
+        if "out of memory" in text and "CUDA" in text and "Warning:" not in text:
             ask = _OOM_ASK.search(text)
             gpu = _OOM_GPU.search(text)
             cap = _OOM_CAP.search(text)

@@ -19,8 +19,9 @@ _PREFIXES = re.compile(
         (?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)\s
       | # Ray actors: "(WorkerDict pid=3490362) "
         \((?P<ray>[\w.]+)\s+pid=\d+(?:,\s*ip=[\d.]+)?\)\s
-      | # PyTorch >= 2.2 c10 logging and torchrun --log-line-prefix-template: "[rank3]:"
-        \[rank(?P<rank>\d+)\]:\s?
+      | # PyTorch >= 2.2 c10 logging and torchrun --log-line-prefix-template: "[rank3]:"; the
+        # same tag followed by a space is how trainers' own loggers name the rank ("[rank0] …")
+        \[rank(?P<rank>\d+)\](?::\s?|\s)
       | # torchrun --tee / --redirects (elastic agent): "[default0]:" names the LOCAL rank
         \[(?P<role>[A-Za-z_]\w*?)(?P<local>\d+)\]:\s?
       | # a line counter some log viewers prepend: "[80746] "

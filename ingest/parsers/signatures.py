@@ -6,8 +6,11 @@ adding one is a one-line change with a test, never a new code path.
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from .events import Event, register
@@ -97,7 +100,40 @@ KNOWN_BUGS = (
     ),
 )
 
-SIGNATURES = STORAGE + KNOWN_BUGS
+# The known-issues knowledge base (known_issues.json): NCCL/PyTorch/driver bugs and environment
+# faults with the versions they affect and the release that fixed them, each sourced from release
+# notes or a maintainer's word. Entries with a log signature become signatures here; the
+# version-only ones are read by the diagnosis core (analysis/classify/rules.py).
+KNOWLEDGE_FILE = Path(__file__).with_name("known_issues.json")
+
+
+@functools.cache
+def known_issues() -> dict[str, dict]:
+    entries = json.loads(KNOWLEDGE_FILE.read_text())["entries"]
+    return {entry["id"]: entry for entry in entries}
+
+
+def _knowledge_signatures() -> tuple[Signature, ...]:
+    out = []
+    for entry in known_issues().values():
+        sig = entry.get("signature")
+        if not sig or not sig.get("trigger"):
+            continue
+        pattern = re.compile(sig.get("regex") or re.escape(sig["trigger"]))
+        out.append(
+            Signature(
+                entry["id"],
+                sig["trigger"].encode(),
+                pattern,
+                KnownSignature,
+                entry["culprit"],
+                entry["title"],
+            )
+        )
+    return tuple(out)
+
+
+SIGNATURES = STORAGE + KNOWN_BUGS + _knowledge_signatures()
 
 
 class SignatureParser:
@@ -135,6 +171,3 @@ class SignatureParser:
 
     def flush(self) -> list[Event]:
         return []
-
-
-MEANINGS = {s.id: s.meaning for s in KNOWN_BUGS}

@@ -56,7 +56,9 @@ def test_a_clean_end_report_does_not_hide_an_incident(agent, upload):
     assert Attempt.objects.get().status == "failed"
 
 
-def test_reported_world_size_lets_the_verdict_name_silent_ranks(agent, upload, reader):
+def test_a_rank_of_the_reported_world_with_no_artifacts_is_named_missing_not_accused(
+    agent, upload, reader
+):
     from fleet.demo import JobScenario, rank_log
 
     report(agent, job="j-3", event="start", world_size=4)
@@ -64,7 +66,9 @@ def test_reported_world_size_lets_the_verdict_name_silent_ranks(agent, upload, r
     for rank in (1, 2, 3):  # rank 0 never uploads anything
         upload(rank_log(scenario, rank), job="j-3", rank=rank, host="gpu-a")
     incident = reader.get("/api/v1/incidents", {"job": "j-3"}).json()["results"][0]
-    assert [s["id"] for s in incident["suspects"] if s["kind"] == "rank"] == ["0"]
+    # Nothing of rank 0 is here to say where it was: absence of evidence is not evidence.
+    assert [s["id"] for s in incident["suspects"] if s["kind"] == "rank"] == []
+    assert "no artifacts from rank 0" in incident["summary"]
 
 
 def test_an_end_report_needs_a_status(agent):

@@ -77,6 +77,9 @@ def _schema():
     return schema
 
 
+_REQUEST_ID = [0]
+
+
 def _fuzz_write(operation, key: str, run_on_commit) -> set[int]:
     """Fuzz one write operation; the status codes it answered."""
     from schemathesis.checks import not_a_server_error
@@ -101,6 +104,8 @@ def _fuzz_write(operation, key: str, run_on_commit) -> set[int]:
         path = case.path_parameters or {}
         if "hostname" in path and len(path["hostname"]) % 2:
             path["hostname"] = "gpu-bad"
+        if "id" in path and isinstance(path["id"], int) and path["id"] % 2:
+            path["id"] = _REQUEST_ID[0]  # the artifact request that exists
         with run_on_commit(execute=True):  # the parse and classification an upload enqueues
             response = case.call_and_validate(
                 headers={"Authorization": f"Bearer {key}"},
@@ -122,9 +127,12 @@ def test_write_endpoints_hold_to_their_schema(
 ):
     from django.test import override_settings
 
-    from ingest.models import Upload
+    from ingest.models import ArtifactRequest, Upload
 
-    incident_on("gpu-bad")
+    host, incident = incident_on("gpu-bad")
+    _REQUEST_ID[0] = ArtifactRequest.objects.create(
+        job_id=incident.job_id, attempt_id=incident.attempt_id, host=host, rank=0
+    ).pk
     key = make_key("upload", "read", "operate")
     statuses = {}
     # Fuzzing sends hundreds of requests with one key: rate limits would only answer 429.
@@ -138,6 +146,7 @@ def test_write_endpoints_hold_to_their_schema(
     assert set(statuses) == {
         "POST /api/v1/uploads",
         "POST /api/v1/attempts",
+        "POST /api/v1/artifact-requests/{id}/answer",
         "POST /api/v1/hosts/{hostname}/drain",
         "POST /api/v1/hosts/{hostname}/repaired",
     }, statuses
