@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 EXIT_UNREADABLE = 2
@@ -53,10 +54,14 @@ def diagnose(paths: list[str], *, jobs: int = 1):
     events = []
     ranks: set[int] = set()
     for path, result in zip(files, parse_files(files, jobs=jobs), strict=True):
-        events.extend(result.events)
         rank = rank_of_file(path, result.events)
         if rank is not None:
             ranks.add(rank)
+            # A rank's own file speaks for that rank, as an upload's rank does on the server
+            # (ingest.services: event_row(default_rank=upload.rank)).
+            events.extend(e if e.rank is not None else replace(e, rank=rank) for e in result.events)
+        else:
+            events.extend(result.events)
     return classify(events, IncidentContext(ranks_uploaded=frozenset(ranks)))
 
 
@@ -132,11 +137,28 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument(
         "--no-perturb", action="store_true", help="skip the perturbation check (5x faster)"
     )
+    ev.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure each rule's precision on dev and write the table verdicts report "
+        "confidence from (analysis/classify/calibration.json); dev only",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "eval":
         from analysis.corpus import cases_on
-        from analysis.corpus.evaluate import evaluate, render
+        from analysis.corpus.evaluate import calibrate, evaluate, render
+
+        if args.calibrate:
+            if args.split != "dev":
+                print("fleetwatch eval: --calibrate measures on dev only", file=sys.stderr)
+                return EXIT_UNREADABLE
+            from analysis.classify.engine import CALIBRATION_FILE
+
+            table = calibrate(cases_on("dev"))
+            CALIBRATION_FILE.write_text(json.dumps(table, indent=1) + "\n")
+            print(f"wrote {CALIBRATION_FILE.name}: {len(table['rules'])} rules")
+            return 0
 
         figures = evaluate(cases_on(args.split), perturb=not args.no_perturb)
         figures["split"] = args.split

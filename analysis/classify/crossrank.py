@@ -27,14 +27,27 @@ from dataclasses import dataclass, field
 
 from ingest.parsers.events import Event
 
-from .facts import Facts
+from .facts import (
+    DATA_BOUND_SHARE,
+    GROWTH,
+    MIN_STEPS,
+    Facts,
+)
+from .facts import (
+    data_share as _data_share,
+)
+from .facts import (
+    recent_growth as _recent_growth,
+)
+from .facts import (
+    step_series as _step_series,
+)
 from .model import Evidence, Suspect
 from .rules import Match, Rule
 
 # A rank spends less than this share of its steps in collectives while the others' median is at
 # least twice as high: the others are waiting for it.
 WAIT_RATIO = 0.5
-GROWTH = 1.5  # last third of the step series over the first third: "step time grows"
 # A straggler is last into at least this share of the collectives seen on several ranks, at
 # least STRAGGLER_MARGIN times as often as any other rank, over STRAGGLER_MIN collectives or
 # more, and a median STRAGGLER_LATE_MS or more after the others (below that, the order is noise).
@@ -641,6 +654,112 @@ def _slow_rank_dataloader(f: Facts) -> Match | None:
     )
 
 
+# --- the laggard's own step lines (trainer progress; helpers in facts.py) -------------------------
+
+
+def _progress_laggard(f: Facts) -> list[int]:
+    ranks, _ = _laggard(f)
+    return ranks or sorted(f.silent_ranks())
+
+
+def _no_other_explanation(f: Facts) -> bool:
+    """No crash, kill, hardware or network error that would explain the missing rank."""
+    from .rules import _is_peer_gone, _is_timeout_exception
+
+    crashed = any(
+        not _is_timeout_exception(e) and not _is_peer_gone(e) for e in f.of("python_exception")
+    )
+    killed = any(r.signal == "SIGKILL" or r.exitcode == -9 for r in f.of("failure_record"))
+    return not (
+        crashed
+        or killed
+        or f.has_crash_or_hardware()
+        or f.of("nccl_connect_failed")
+        or f.of("nccl_ib_error")
+    )
+
+
+def _laggard_waits_on_data(f: Facts) -> Match | None:
+    if not f.failed and not _first_finding(f, "missing", "not_started"):
+        return None
+    series = _step_series(f)
+    for rank in _progress_laggard(f):
+        steps = series.get(rank, [])
+        if len(steps) < MIN_STEPS:
+            continue
+        share = _data_share(steps)
+        growth = _recent_growth([e.data_s or 0.0 for e in steps])
+        if share >= DATA_BOUND_SHARE and growth >= GROWTH:
+            return Match(
+                summary=(
+                    f"rank {rank}, the rank the others waited for, spent {share:.0%} of its last "
+                    f"steps waiting for its next batch, {growth:.1f}x its earlier data wait"
+                ),
+                evidence=cite_steps(steps, "dataloader_wait"),
+                suspects=_suspects([rank], "waited on its DataLoader", f),
+            )
+    return None
+
+
+def _laggard_left_path(f: Facts) -> Match | None:
+    """The rank the others wait for never joined the collective, raised nothing, was not killed,
+    and its own steps were steady up to then (no growth in step or data time): it did not slow
+    down, it went somewhere else in its code (a rank-dependent branch, a sleep, an extra step)."""
+    finding = _first_finding(f, "missing", "not_started")
+    if finding is None or not _no_other_explanation(f):
+        return None
+    series = _step_series(f)
+    for rank in finding.culprits:
+        steps = series.get(rank, [])
+        if len(steps) < MIN_STEPS:
+            continue
+        if (
+            _recent_growth([e.step_s for e in steps]) >= GROWTH
+            or _data_share(steps) >= DATA_BOUND_SHARE
+        ):
+            continue
+        return Match(
+            summary=(
+                f"{finding.detail}; its own steps were steady until then and it raised "
+                "nothing: it left the path the other ranks took"
+            ),
+            evidence=tuple(_fr_evidence(finding.evidence, "fr_missing_rank"))
+            + cite_steps(steps, "steady_steps"),
+            suspects=_suspects([rank], "never joined; steady steps, no error", f),
+        )
+    return None
+
+
+def _logging_rank_slows(f: Facts) -> Match | None:
+    """Rank 0, by convention the rank that logs and checkpoints, is the one the others wait for,
+    and its steps grew while it was not waiting for data: its own synchronous writes grew (the
+    same reading as the trace rule slow_rank_storage_io's logging-rank branch)."""
+    finding = _first_finding(f, "missing", "not_started")
+    ranks = finding.culprits if finding else sorted(f.silent_ranks())
+    if ranks != [0] or not _no_other_explanation(f):
+        return None
+    steps = _step_series(f).get(0, [])
+    if len(steps) < MIN_STEPS:
+        return None
+    growth = _recent_growth([e.step_s for e in steps])
+    if growth < GROWTH or _data_share(steps) >= 0.2:
+        return None
+    return Match(
+        summary=(
+            f"rank 0, the logging rank, is the rank the others waited for; its step time grew "
+            f"{growth:.1f}x while it was not waiting for data: its own writes (logs, "
+            "checkpoints) slowed it"
+        ),
+        evidence=cite_steps(steps, "step_time_growth"),
+        suspects=_suspects([0], "slowed by its own synchronous writes", f),
+    )
+
+
+def cite_steps(steps: list, signal: str) -> tuple[Evidence, ...]:
+    picked = steps[:2] + steps[-3:] if len(steps) > 5 else steps
+    return tuple(Evidence(e.source, e.line, signal, e.text[:500]) for e in picked)
+
+
 def _series(values: tuple[float, ...]) -> str:
     shown = [f"{v:.0f}" for v in values[:12]]
     return " ".join(shown) + (" …" if len(values) > 12 else "")
@@ -706,6 +825,39 @@ _SEED_FIX = (
 )
 
 CROSSRANK_RULES: tuple[Rule, ...] = (
+    Rule(
+        "laggard_waits_on_data",
+        "The rank the others wait for spent most of its recent steps waiting for its batch",
+        ("trainer_step", "fr_frontier"),
+        "dataloader_cpu",
+        0.7,
+        "Feed the input pipeline: more DataLoader workers only up to the host's cores (keep "
+        "num_workers × GPU processes per host ≤ cores), persistent_workers=True, pre-decoded or "
+        "sharded data on fast local storage; check that rank's host for CPU or I/O contention.",
+        _laggard_waits_on_data,
+    ),
+    Rule(
+        "laggard_left_path",
+        "The rank the others wait for never joined, with steady steps and no error",
+        ("trainer_step", "fr_frontier"),
+        "rank_desync_code",
+        0.6,
+        "Find what that rank did instead of the collective: a rank-dependent branch (`if rank "
+        "== 0:` evaluation, logging, checkpointing), a sleep or wait, or an extra/skipped step; "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL and py-spy dump of that rank show where it was.",
+        _laggard_left_path,
+    ),
+    Rule(
+        "logging_rank_slows",
+        "Rank 0 (logging/checkpoint rank) is the laggard and its own step time grew",
+        ("trainer_step", "fr_frontier"),
+        "storage_io",
+        0.6,
+        "Move rank 0's logging and checkpoint writes off the critical path: fast local storage "
+        "or tmpfs, asynchronous writers, less frequent logging, no fsync per step; raise the "
+        "collective timeout only as a stopgap.",
+        _logging_rank_slows,
+    ),
     Rule(
         "straggler_last_to_start",
         "One rank starts most collectives last (traces, matched by Flight Recorder seq)",

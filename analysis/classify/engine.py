@@ -6,7 +6,11 @@ a confidence and the fix. The engine itself knows nothing about any particular f
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 from ingest.parsers.events import Event
 
@@ -19,6 +23,45 @@ from .rules import NAME_THRESHOLD, RULES, RULESET_VERSION, Match
 ALL_RULES = RULES + CROSSRANK_RULES + HARDWARE_RULES
 
 MAX_EVIDENCE = 40
+
+# The confidence a verdict reports is the naming rule's precision on the corpus's dev split
+# (calibration.json, written by `fleetwatch eval --split dev --calibrate`), shrunk toward the
+# rule's own stated strength with PRIOR_CASES pseudo-cases, so that a rule seen naming twice does
+# not claim 100 %. A rule whose calibrated precision falls under the naming threshold names
+# nothing: it was wrong more often than right on real incidents.
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
+PRIOR_CASES = 2
+_calibrating = False  # set by the evaluator while it measures the rules themselves
+
+
+@functools.cache
+def calibration() -> dict[str, dict]:
+    try:
+        table = json.loads(CALIBRATION_FILE.read_text())
+    except FileNotFoundError:
+        return {}
+    # A table measured on another ruleset says nothing about this one.
+    return table["rules"] if table.get("ruleset_version") == RULESET_VERSION else {}
+
+
+def calibrated(rule_id: str, stated: float) -> float:
+    if _calibrating:
+        return stated
+    row = calibration().get(rule_id)
+    if not row:
+        return stated
+    return (row["right"] + PRIOR_CASES * stated) / (row["named"] + PRIOR_CASES)
+
+
+@contextlib.contextmanager
+def uncalibrated():
+    """Rules at their stated strength (what the calibration itself is measured from)."""
+    global _calibrating
+    before, _calibrating = _calibrating, True
+    try:
+        yield
+    finally:
+        _calibrating = before
 
 
 def _evidence(event: Event, signal: str) -> Evidence:
@@ -123,7 +166,13 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
     ranked = sorted(matches, key=lambda m: -m.confidence)
     # Only a match at or above the threshold may name the culprit; weaker ones are alternatives.
     # A rule whose class is "unknown" adds suspects and evidence but never names a culprit.
-    named = [m for m in ranked if m.confidence >= NAME_THRESHOLD and m.rule.culprit != "unknown"]
+    named = [
+        m
+        for m in ranked
+        if m.confidence >= NAME_THRESHOLD
+        and m.rule.culprit != "unknown"
+        and calibrated(m.rule.id, m.confidence) >= NAME_THRESHOLD
+    ]
     for m in ranked:
         if m.rule.culprit == "unknown":
             suspects = list(m.suspects) + suspects
@@ -131,7 +180,8 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
     summary = "; ".join(p for p in (_describe_timeouts(facts), progress_note) if p)
     if named:
         best = named[0]
-        culprit, confidence, fix = best.rule.culprit, best.confidence, best.fix or best.rule.fix
+        culprit, fix = best.rule.culprit, best.fix or best.rule.fix
+        confidence = calibrated(best.rule.id, best.confidence)
         summary = ". ".join(p for p in (best.summary, summary) if p)
         evidence = list(best.evidence) + evidence
         suspects = list(best.suspects) + suspects

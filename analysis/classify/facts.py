@@ -9,6 +9,7 @@ report the timeout are usually innocent.
 from __future__ import annotations
 
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from ingest.parsers.events import DumpSignal, Event, WatchdogTimeout, WorkProgre
 from .model import IncidentContext
 
 DEFAULT_PG = "0"
+GROWTH = 1.5  # the later steps over the earlier ones: "step time grows"
 
 
 def _pg_key(pg: str | None) -> str:
@@ -195,6 +197,42 @@ class Facts:
     def missing_ranks(self) -> set[int]:
         """Ranks expected in the timed-out group with no artifacts here at all."""
         return self._unreported() - self.present_ranks()
+
+
+# --- each rank's own step lines (trainer progress) ---------------------------------------------
+# A rank's printed step time includes its waits in collectives, so in synchronous training every
+# rank's step time grows when one rank slows; what tells the ranks apart is the laggard (the rank
+# the Flight Recorder says never joined, or the silent rank) and how its *own* time was spent:
+# ``data_time`` is its wait for the next batch (mmengine IterTimerHook, detectron2, most trainers).
+DATA_BOUND_SHARE = 0.5  # more than half of a step spent waiting for input: the rank is input-bound
+MIN_STEPS = 5  # fewer step lines say nothing about a trend
+
+
+def step_series(f: Facts) -> dict[int, list]:
+    series: dict[int, list] = {}
+    for e in f.of("trainer_step"):
+        if e.rank is not None and e.step_s is not None:
+            series.setdefault(e.rank, []).append(e)
+    return {
+        r: sorted(s, key=lambda e: e.step if e.step is not None else -1) for r, s in series.items()
+    }
+
+
+def data_share(steps: list) -> float:
+    """The share of its last MIN_STEPS steps the rank spent waiting for data: the run-up to the
+    failure, not an average that a long healthy run would dilute."""
+    recent = [e for e in steps[-MIN_STEPS:] if e.data_s is not None and e.step_s]
+    if not recent:
+        return 0.0
+    return statistics.fmean(min(1.0, e.data_s / e.step_s) for e in recent)
+
+
+def recent_growth(values: list[float]) -> float:
+    """The last MIN_STEPS values over the first third (at least MIN_STEPS) of the series."""
+    if len(values) < 2 * MIN_STEPS:
+        return 1.0
+    base = statistics.fmean(values[: max(MIN_STEPS, len(values) // 3)])
+    return statistics.fmean(values[-MIN_STEPS:]) / base if base > 0 else 1.0
 
 
 def gather(events: Iterable[Event], context: IncidentContext) -> Facts:

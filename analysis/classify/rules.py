@@ -17,10 +17,19 @@ from dataclasses import dataclass, field
 from ingest.parsers.events import Event
 from ingest.parsers.signatures import known_issues
 
-from .facts import DEFAULT_PG, Facts
+from .facts import (
+    DATA_BOUND_SHARE,
+    DEFAULT_PG,
+    GROWTH,
+    MIN_STEPS,
+    Facts,
+    data_share,
+    recent_growth,
+    step_series,
+)
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.5"
+RULESET_VERSION = "2026.11.6"
 NAME_THRESHOLD = 0.5
 
 
@@ -117,11 +126,9 @@ def _crash_first(f: Facts) -> Match | None:
     # A peer that went away, as the survivors see it: NCCL's "Connection closed by localRank",
     # gloo's "Connection closed by peer" / "Connection reset by peer" (any backend, any era).
     closed = f.of("nccl_peer_closed") + [e for e in exceptions if _is_peer_gone(e)]
-    root = _root_cause_crash(f)
+    root = _first_to_die(f, errors)
     if root is not None and not oom and not cuda:
-        # torchelastic's "Root Cause (first observed failure)": the first rank to exit, with an
-        # exit code that is not the watchdog's SIGABRT (-6), died on its own.
-        own = [e for e in errors if e.rank == root.rank] or errors[:1]
+        own = [e for e in errors if e.rank == root.rank]
         return Match(
             confidence=0.8,
             summary=(
@@ -164,14 +171,24 @@ def _crash_first(f: Facts) -> Match | None:
     return None
 
 
-def _root_cause_crash(f: Facts):
-    """The elastic root-cause record when it says a rank exited by itself: a Python error
-    (exit code 1) or a kill (SIGKILL, -9). SIGABRT (-6) is the NCCL watchdog taking a process
-    down after a timeout (ProcessGroupNCCL's "taking the entire process down"), not a crash."""
-    for record in f.of("failure_record"):
-        if not record.root_cause or record.rank is None:
-            continue
-        if record.exitcode == 1 or record.signal == "SIGKILL" or record.exitcode == -9:
+def _first_to_die(f: Facts, errors: list):
+    """The rank that died first on its own, from torchelastic's tables.
+
+    Each host's torchrun prints its own "Root Cause (first observed failure)": the first rank
+    *of that host* to exit, which on gloo is often a survivor whose collective timed out or lost
+    its peer (exit code 1 too). So a root cause counts only with positive evidence that the rank
+    died by itself: an exception of its own that is neither a timeout nor a lost peer, or a kill
+    (SIGKILL, -9). SIGABRT (-6) is the NCCL watchdog taking a process down after a timeout
+    (ProcessGroupNCCL's "taking the entire process down"). Of several, the earliest wins."""
+    raised = {e.rank for e in errors if e.rank is not None}
+    roots = [r for r in f.of("failure_record") if r.root_cause and r.rank is not None]
+    killed = {
+        r.rank
+        for r in f.of("failure_record")
+        if r.rank is not None and (r.signal == "SIGKILL" or r.exitcode == -9)
+    }
+    for record in sorted(roots, key=lambda r: r.time or "~"):  # undated ones last
+        if record.rank in killed or (record.exitcode == 1 and record.rank in raised):
             return record
     return None
 
@@ -402,6 +419,16 @@ def _rank_left_early(f: Facts) -> Match | None:
     silent = f.silent_ranks()
     if not silent or not f.timeouts or f.has_crash_or_hardware():
         return None
+    series = step_series(f)
+    for rank in silent:
+        steps = series.get(rank, [])
+        if len(steps) >= MIN_STEPS and (
+            recent_growth([e.step_s for e in steps]) >= GROWTH
+            or data_share(steps) >= DATA_BOUND_SHARE
+        ):
+            # Its own steps slowed (or waited on data) before it went missing: it did not take
+            # another path, it was slow; the progress rules say where the time went.
+            return None
     uploaded = silent & set(f.context.ranks_uploaded)
     return Match(
         # Its own file says it was elsewhere (0.7); its lines in a shared log do too, but a

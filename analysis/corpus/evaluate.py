@@ -285,6 +285,32 @@ def report(outcomes: list[Outcome], flips: list[Flip] | None = None) -> dict[str
     return out
 
 
+def calibration_table(outcomes: Iterable[Outcome]) -> dict[str, dict[str, int]]:
+    """Per rule: how often it named the verdict and how often that was right."""
+    table: dict[str, dict[str, int]] = {}
+    for o in outcomes:
+        if o.naming_rule:
+            row = table.setdefault(o.naming_rule, {"named": 0, "right": 0})
+            row["named"] += 1
+            row["right"] += o.right
+    return dict(sorted(table.items()))
+
+
+def calibrate(cases: list[Case]) -> dict[str, Any]:
+    """Measure every rule at its stated strength on these (dev) cases: the table the engine
+    turns into the confidence it reports."""
+    from analysis.classify.engine import uncalibrated
+    from analysis.classify.rules import RULESET_VERSION
+
+    with uncalibrated():
+        outcomes = [outcome_of(c, diagnose_text(c.log_path.name, case_text(c))) for c in cases]
+    return {
+        "ruleset_version": RULESET_VERSION,
+        "measured_on": f"the corpus's dev split, {len(cases)} cases",
+        "rules": calibration_table(outcomes),
+    }
+
+
 def evaluate(cases: list[Case], *, perturb: bool = True) -> dict[str, Any]:
     outcomes, flips = [], []
     for case in cases:

@@ -20,6 +20,7 @@ from .launcher import LauncherParser
 from .lines import LineScanner, UnreadableInput
 from .nccl import NcclParser
 from .prefix import split_prefix
+from .progress import TrainerProgressParser
 from .pytorch import PytorchParser
 from .signatures import SignatureParser
 
@@ -52,6 +53,7 @@ def default_parsers() -> list[LineParser]:
         LauncherParser(),
         ConfigParser(),
         SignatureParser(),
+        TrainerProgressParser(),
     ]
 
 

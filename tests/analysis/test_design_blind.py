@@ -21,7 +21,6 @@ CASES = sorted(p for p in ROOT.iterdir() if (p / "expected.json").exists()) if R
 # stuck writing reads as "elsewhere" (a code path) until rank 0's own step-time trend and disk
 # stats are read; the unseeded split shows as ranks at different SeqNums without a class.
 KNOWN_MISSES: dict[str, tuple[str, int | None]] = {
-    "1_fsdp_rank0_logging-a": ("rank_desync_code", 0),
     "1_fsdp_rank0_logging-b": ("storage_io", None),
     "1_fsdp_rank0_logging-c": ("rank_desync_code", 0),
     "2_unseeded_split-a": ("unknown", None),

@@ -1,0 +1,106 @@
+"""Trainers' own per-step lines: how long each rank's steps took, and how much of that it waited
+for its data.
+
+Formats read (each names its source):
+  - mmengine/mmcv and detectron2: ``… time: 0.5123  data_time: 0.0123 …`` (``IterTimerHook``:
+    ``time`` is the whole iteration, ``data_time`` the wait for the batch);
+  - trainers that print ``step_time 0.118s | data_time 0.035s`` or ``step_time=…`` (the same
+    two quantities under their plain names);
+  - Megatron-LM: ``elapsed time per iteration (ms): 1234.5`` (no data time).
+The step index comes from ``global_step N``, ``iter: N``, ``iteration N/``, ``Iter [N/``, else the
+order of the lines. A long job prints a step line per rank per step: per rank the first
+``HEAD_STEPS`` and the last ``TAIL_STEPS`` are kept (the baseline and the run-up to a failure),
+so memory stays bounded whatever the log's length.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .events import Event, register
+from .lines import Line
+from .prefix import Prefix
+
+HEAD_STEPS = 50
+TAIL_STEPS = 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerStep(Event):
+    kind: ClassVar[str] = "trainer_step"
+    step: int | None = None
+    step_s: float | None = None
+    data_s: float | None = None
+
+
+register(TrainerStep)
+
+_NUM = r"(?P<{0}>\d+(?:\.\d+)?)\s*(?P<{0}_unit>ms|s)?"
+_DATA = re.compile(r"\bdata[_-]time\s*[:=]?\s*" + _NUM.format("v"))
+_STEP_TIME = re.compile(r"(?:\bstep[_-]time|(?<![\w-])time)\s*[:=]?\s*" + _NUM.format("v"))
+_MEGATRON = re.compile(r"elapsed time per iteration \(ms\):\s*(?P<v>\d+(?:\.\d+)?)")
+_RANK_TAG = re.compile(r"\[rank(\d{1,6})\]")
+_INDEX = re.compile(
+    r"\bglobal_step[:=\s]\s*(?P<a>\d+)|\biter(?:ation)?[:=\s]\s*(?P<b>\d+)|\bIter \[(?P<c>\d+)/"
+)
+
+
+def _seconds(m: re.Match, default_unit: str = "s") -> float:
+    value = float(m.group("v"))
+    unit = m.groupdict().get("v_unit") or default_unit
+    return value / 1000 if unit == "ms" else value
+
+
+class TrainerProgressParser:
+    triggers = (b"data_time", b"step_time", b"data-time", b"elapsed time per iteration")
+
+    def __init__(self) -> None:
+        self._head: dict[int | None, list[TrainerStep]] = {}
+        self._tail: dict[int | None, deque[TrainerStep]] = {}
+        self._count: dict[int | None, int] = {}
+
+    def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
+        text = pre.rest
+        step_s = data_s = None
+        m = _MEGATRON.search(text)
+        if m:
+            step_s = _seconds(m, "ms")
+        else:
+            d = _DATA.search(text)
+            if d:
+                data_s = _seconds(d)
+            # "time" after removing the data_time field, so that it is not read twice.
+            t = _STEP_TIME.search(text[: d.start()] + text[d.end() :] if d else text)
+            if t:
+                step_s = _seconds(t)
+        if step_s is None and data_s is None:
+            return []
+        rank = pre.rank
+        if rank is None:
+            # Trainers' loggers often put the tag after their timestamp: "[2026-…][rank3] …".
+            tag = _RANK_TAG.search(text, 0, 80)
+            rank = int(tag.group(1)) if tag else None
+        n = self._count.get(rank, 0)
+        self._count[rank] = n + 1
+        idx = _INDEX.search(text)
+        step = int(next(g for g in idx.groups() if g is not None)) if idx else n
+        event = TrainerStep(
+            line=line.number, text=line.text, rank=rank, step=step, step_s=step_s, data_s=data_s
+        )
+        head = self._head.setdefault(rank, [])
+        if len(head) < HEAD_STEPS:
+            head.append(event)
+        else:
+            self._tail.setdefault(rank, deque(maxlen=TAIL_STEPS)).append(event)
+        return []
+
+    def flush(self) -> list[Event]:
+        out: list[Event] = []
+        for rank, head in self._head.items():
+            out.extend(head)
+            out.extend(self._tail.get(rank, ()))
+        self._head, self._tail, self._count = {}, {}, {}
+        return out

@@ -1,0 +1,71 @@
+"""Run every job of the fault matrix once per test session (two at a time) and hand out where
+each left its artifacts: ``tests/torchjobs/matrix/`` holds the jobs, written blind to the rules."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MATRIX = REPO / "tests" / "torchjobs" / "matrix"
+# run.py kills a job at its own 90 s deadline; this only guards against run.py itself hanging.
+RUN_TIMEOUT_S = 180
+
+
+def expected() -> dict[str, dict]:
+    return json.loads((MATRIX / "expected.json").read_text())
+
+
+@functools.cache
+def matrix_runs() -> dict[str, Path]:
+    """fault -> the job's directory (named neutrally: its path appears in the artifacts)."""
+    root = Path(tempfile.mkdtemp(prefix="fleetwatch-matrix-"))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    faults = list(expected())
+    out: dict[str, Path] = {}
+    # Two jobs at a time: eight rank processes on two cores keep healthy collectives well
+    # inside the jobs' 6 s timeout (the matrix README).
+    for start in range(0, len(faults), 2):
+        running = []
+        for i, fault in enumerate(faults[start : start + 2], start=start + 1):
+            outdir = root / f"job-{i}"
+            log = (root / f"job-{i}.out").open("wb")
+            running.append(
+                (
+                    fault,
+                    outdir,
+                    log,
+                    subprocess.Popen(
+                        [sys.executable, "-m", "tests.torchjobs.matrix.run", fault, str(outdir)],
+                        cwd=REPO,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    ),
+                )
+            )
+        for fault, outdir, log, proc in running:
+            proc.wait(timeout=RUN_TIMEOUT_S)
+            log.close()
+            out[fault] = outdir
+    return out
+
+
+def artifact_files(outdir: Path) -> list[Path]:
+    """What a user points `fleetwatch diagnose` at: every rank's log, the launchers' consoles,
+    the Flight Recorder dumps and torchelastic's error files (not the harness's own records)."""
+    return sorted(
+        p
+        for p in outdir.rglob("*")
+        if p.is_file() and (p.suffix == ".log" or "/fr/" in p.as_posix() or p.name == "error.json")
+    )
+
+
+def job_id(outdir: Path) -> str:
+    """The job as the torch integration names it: torchelastic's run id."""
+    return "elastic:" + json.loads((outdir / "harness.json").read_text())["job_id"]
