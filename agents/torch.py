@@ -33,6 +33,7 @@ import hashlib
 import logging
 import os
 import queue
+import re
 import socket
 import statistics
 import sys
@@ -71,16 +72,23 @@ ORDER_PREFIX = 4096  # sample indices hashed per rank and epoch
 _installed: Integration | None = None
 
 
-def fr_environment(run_dir: Path, ident: Identity) -> dict[str, str]:
-    """The Flight Recorder settings for one job, keyed by the names PyTorch 2.13 reads
-    (``TORCH_NCCL_TRACE_BUFFER_SIZE`` is also read as ``TORCH_FR_BUFFER_SIZE`` since 2.6)."""
+def fr_environment(run_dir: Path, ident: Identity, torch_version: str = "") -> dict[str, str]:
+    """The Flight Recorder settings for one job, keyed by the names the running PyTorch reads:
+    the buffer size is ``TORCH_FR_BUFFER_SIZE`` since 2.6, and 2.13 warns on every rank when
+    it is given the old ``TORCH_NCCL_TRACE_BUFFER_SIZE`` ("is deprecated; use
+    TORCH_FR_BUFFER_SIZE instead"); older releases read only the old name."""
     stem = f"{slug(ident.job)}.{ident.attempt}.rank_"
     return {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": FR_BUFFER_SIZE,
+        _buffer_variable(torch_version): FR_BUFFER_SIZE,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(run_dir / "fr" / stem),
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(run_dir / "pipes" / stem),
     }
+
+
+def _buffer_variable(torch_version: str) -> str:
+    parts = [int(p) for p in re.findall(r"\d+", torch_version)[:2]]
+    return "TORCH_FR_BUFFER_SIZE" if parts >= [2, 6] else "TORCH_NCCL_TRACE_BUFFER_SIZE"
 
 
 class Integration:
@@ -501,7 +509,8 @@ def install(
             )
     except ImportError:
         dist = None
-    for key, value in fr_environment(run_dir, ident).items():
+    torch_version = getattr(sys.modules.get("torch"), "__version__", "")
+    for key, value in fr_environment(run_dir, ident, str(torch_version)).items():
         environ.setdefault(key, value)  # the job's own settings win
     (run_dir / "fr").mkdir(parents=True, exist_ok=True)
     integration = Integration(

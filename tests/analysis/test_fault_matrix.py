@@ -39,3 +39,12 @@ def test_a_planted_fault_gets_its_culprit_and_rank_and_a_healthy_job_no_failure(
     assert verdict.culprit == want["culprit"], verdict.summary
     if want["culprit_rank"] is not None:
         assert ranks[:1] == [want["culprit_rank"]], verdict.suspects
+
+
+def test_the_integration_sets_flight_recorder_variables_the_running_torch_does_not_warn_about():
+    # PyTorch 2.13 prints "Environment variable TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; use
+    # TORCH_FR_BUFFER_SIZE instead" on every rank given the old name.
+    logs = [p for d in matrix_runs().values() for p in d.rglob("rank*.log")]
+    assert logs
+    for path in logs:
+        assert "is deprecated; use TORCH_FR" not in path.read_text(errors="replace"), path

@@ -1,0 +1,53 @@
+"""Trainers' step lines: each rank's step time and data wait, from the formats trainers print."""
+
+from ingest.parsers import parse_log
+from ingest.parsers.progress import HEAD_STEPS, TAIL_STEPS
+
+
+def steps(text: str):
+    return [e for e in parse_log(text.encode()).events if e.kind == "trainer_step"]
+
+
+def test_mmengine_and_detectron2_lines_give_iteration_and_data_time():
+    (mm,) = steps(
+        "2024/01/02 10:00:00 - mmengine - INFO - Epoch(train) [1][ 50/1000]  lr: 1.0e-02  "
+        "eta: 1:00:00  time: 0.5123  data_time: 0.0123  memory: 5000  loss: 1.2\n"
+    )
+    assert (mm.step_s, mm.data_s) == (0.5123, 0.0123)
+    (d2,) = steps(
+        "[01/02 10:00:00 d2.utils.events]:  eta: 0:10:00  iter: 19  total_loss: 2.1  "
+        "time: 0.3921  data_time: 0.0122  lr: 0.0002  max_mem: 3000M\n"
+    )
+    assert (d2.step, d2.step_s, d2.data_s) == (19, 0.3921, 0.0122)
+
+
+def test_plain_step_time_lines_with_units_and_a_rank_tag_after_the_timestamp():
+    (e,) = steps(
+        "[2026-11-25 08:28:01,274][rank3] epoch 2 | step 31/32 | global_step 94 | loss 0.0051 "
+        "| step_time 0.316s | data_time 299ms\n"
+    )
+    assert (e.rank, e.step, e.step_s, e.data_s) == (3, 94, 0.316, 0.299)
+
+
+def test_megatron_iteration_time_is_read_in_milliseconds():
+    (e,) = steps(
+        " iteration      100/  500000 | consumed samples:        25600 | elapsed time per "
+        "iteration (ms): 1234.5 | learning rate: 1.0E-04 |\n"
+    )
+    assert (e.step, e.step_s, e.data_s) == (100, 1.2345, None)
+
+
+def test_a_long_run_keeps_each_ranks_first_and_last_steps_only():
+    text = "".join(
+        f"[rank{r}]: global_step {i} | step_time 0.1s | data_time 0.01s\n"
+        for i in range(2000)
+        for r in (0, 1)
+    )
+    kept = steps(text)
+    for rank in (0, 1):
+        mine = [e.step for e in kept if e.rank == rank]
+        assert mine == list(range(HEAD_STEPS)) + list(range(2000 - TAIL_STEPS, 2000))
+
+
+def test_lines_that_only_mention_time_in_prose_are_not_steps():
+    assert steps("Training time: the data_time column is explained in the docs\n") == []
