@@ -357,13 +357,18 @@ def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication
         Implication.objects.filter(incident=incident).delete()
         Implication.objects.bulk_create(rows)
         top = max(rows, key=lambda r: r.confidence, default=None)
-        fingerprint = incident_fingerprint(incident.culprit, top)
+        fingerprint = incident_fingerprint(incident.culprit, top, incident.signature)
         Incident.objects.filter(pk=incident.pk).update(fingerprint=fingerprint)
     return rows
 
 
-def incident_fingerprint(culprit: str, top: Implication | None) -> str:
-    basis = f"{culprit}|{top.entity.kind}:{top.entity.key}|{top.rule_id}" if top else culprit
+def incident_fingerprint(culprit: str, top: Implication | None, signature: str = "") -> str:
+    """Same cause: the same culprit named by the same rule with the same shape of evidence
+    (the verdict's parameterised signature), on the same implicated entity when there is one.
+    A culprit class alone is no cause: a collective mismatch and an unseeded split are both
+    rank_desync_code and must not count as one recurring problem."""
+    entity = f"{top.entity.kind}:{top.entity.key}|{top.rule_id}" if top else ""
+    basis = f"{culprit}|{entity}|{signature}"
     return hashlib.sha256(basis.encode()).hexdigest()[:16]
 
 

@@ -33,6 +33,7 @@ class Incident(models.Model):
     # Incidents with the same cause (culprit + implicated entity + rule) share a fingerprint,
     # so a page or a report can say "the 7th time".
     fingerprint = models.CharField(max_length=64, blank=True, db_index=True)
+    signature = models.CharField(max_length=255, blank=True)  # Verdict.signature
     opened_at = models.DateTimeField(default=timezone.now)
     classified_at = models.DateTimeField(null=True, blank=True)
     # The on-call workflow (analysis.services.incident_*): who did what, and when.

@@ -119,6 +119,7 @@ def incident_classify(attempt: Attempt, now=None) -> Incident | None:
         "rule_ids": list(verdict.rule_ids),
         "matches": [vars_(m) for m in verdict.matches],
         "ruleset_version": verdict.ruleset_version,
+        "signature": verdict.signature[:255],
         "classified_at": now,
     }
     with transaction.atomic():

@@ -19,6 +19,7 @@ from .facts import DEFAULT_PG, Facts, gather
 from .hardware import HARDWARE_RULES
 from .model import Alternative, Evidence, IncidentContext, RuleMatch, Suspect, Verdict
 from .rules import NAME_THRESHOLD, RULES, RULESET_VERSION, Match
+from .signature import parameterise
 
 ALL_RULES = RULES + CROSSRANK_RULES + HARDWARE_RULES
 
@@ -178,8 +179,10 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
             suspects = list(m.suspects) + suspects
             evidence = list(m.evidence) + evidence
     summary = "; ".join(p for p in (_describe_timeouts(facts), progress_note) if p)
+    signature = ""
     if named:
         best = named[0]
+        signature = f"{best.rule.id}|{parameterise(best.summary)}"
         culprit, fix = best.rule.culprit, best.fix or best.rule.fix
         confidence = calibrated(best.rule.id, best.confidence)
         summary = ". ".join(p for p in (best.summary, summary) if p)
@@ -206,6 +209,8 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
         summary = ". ".join(p for p in (summary, weak) if p)
         evidence = [e for m in ranked for e in m.evidence] + evidence
     summary = summary or "no collective timeout or failure in the artifacts"
+    if not signature and facts.failed:
+        signature = "unknown|" + parameterise(_describe_timeouts(facts))
     seen: set[tuple[str, int, str]] = set()
     unique_evidence = []
     for item in evidence:
@@ -230,6 +235,7 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
         rule_ids=tuple(m.rule.id for m in matches),
         ruleset_version=RULESET_VERSION,
         matches=tuple(RuleMatch(m.rule.id, m.rule.culprit, round(m.confidence, 2)) for m in ranked),
+        signature=signature,
     )
 
 

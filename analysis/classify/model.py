@@ -73,6 +73,9 @@ class Verdict:
     rule_ids: tuple[str, ...] = ()
     ruleset_version: str = ""
     matches: tuple[RuleMatch, ...] = ()
+    # The naming rule and its summary with volatile tokens as placeholders (signature.py): what
+    # makes two incidents the same cause, with the implicated entity (fleet memory).
+    signature: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

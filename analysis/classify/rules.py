@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.6"
+RULESET_VERSION = "2026.11.7"
 NAME_THRESHOLD = 0.5
 
 
@@ -350,7 +350,9 @@ def _watchdog_mismatch(f: Facts) -> Match | None:
         (top, n_top), (_, n_next) = kinds.most_common(2)
         # The odd ranks out are the minority; with no majority nobody is singled out.
         odd = sorted(r for r, call in calls.items() if kind(call) != top) if n_top > n_next else []
-        shown = sorted(calls.items())[:4]
+        by_kind: dict[tuple, list[int]] = defaultdict(list)
+        for rank, call in sorted(calls.items()):
+            by_kind[kind(call)].append(rank)
         same_op = len({op for op, _ in calls.values()}) == 1
         return Match(
             # Different ops at one seq cannot be one call; equal ops of different sizes almost
@@ -362,7 +364,8 @@ def _watchdog_mismatch(f: Facts) -> Match | None:
                 + " in different "
                 "collectives ("
                 + "; ".join(
-                    f"rank {r} {op}" + (f" of {n}" if sized else "") for r, (op, n) in shown
+                    f"{op}" + (f" of {n}" if sized else "") + f" on rank {_short(ranks)}"
+                    for (op, n), ranks in sorted(by_kind.items(), key=lambda kv: kv[0][0])
                 )
                 + "): they issued collectives in a different order"
             ),
@@ -375,6 +378,12 @@ def _watchdog_mismatch(f: Facts) -> Match | None:
             ),
         )
     return None
+
+
+def _short(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:6])) + (
+        f" and {len(ranks) - 6} more" if len(ranks) > 6 else ""
+    )
 
 
 def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:

@@ -155,3 +155,28 @@ def test_a_peer_advertising_loopback_on_a_multi_host_job_is_a_network_problem():
     verdict = verdict_of(text)
     assert verdict.culprit == "network_transport"
     assert "loopback" in verdict.summary
+
+
+def test_the_same_cause_on_other_ranks_and_seqs_has_one_signature_and_another_cause_another():
+    from analysis.memory import incident_fingerprint
+
+    one = verdict_of(watchdog(0, 9) + watchdog(1, 9) + watchdog(2, 9, "BROADCAST", 1))
+    two = verdict_of(
+        watchdog(4, 77123)
+        + watchdog(5, 77123)
+        + watchdog(6, 77123)
+        + watchdog(7, 77123, "BROADCAST", 1)
+    )
+    split = verdict_of(
+        "".join(watchdog(r, 19) for r in (1, 2, 3)),
+        IncidentContext(ranks_uploaded=frozenset({0, 1, 2, 3})),
+    )
+    assert one.culprit == two.culprit == split.culprit == "rank_desync_code"
+    assert one.signature == two.signature
+    assert one.signature != split.signature
+    assert incident_fingerprint(one.culprit, None, one.signature) == incident_fingerprint(
+        two.culprit, None, two.signature
+    )
+    assert incident_fingerprint(one.culprit, None, one.signature) != incident_fingerprint(
+        split.culprit, None, split.signature
+    )
