@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.7"
+RULESET_VERSION = "2026.11.8"
 NAME_THRESHOLD = 0.5
 
 
@@ -415,7 +415,12 @@ def _first_barrier_timed_out(f: Facts) -> Match | None:
     if len(early) != len(f.timeouts) or not small:
         return None
     return Match(
-        confidence=0.5,
+        # A weak sign: the first collective timing out shows a rank was late at start-up, not
+        # what it was doing (preprocessing, loading data or weights, a hang). Naming
+        # timeout_too_short was a guess that failed on real cases whose start-up wait was a data
+        # loader or never explained; a progress bar of the work (preprocessing_outlasted_timeout)
+        # is what names it.
+        confidence=0.45,
         summary=(
             f"the first collectives (SeqNum ≤ {max(t.seq for t in early)}, {small[0].op} of "
             f"{small[0].numel_in} element) timed out: a rank was still busy with start-up work"
@@ -539,7 +544,6 @@ def _known_environment_match(f: Facts, culprit: str) -> Match | None:
         return None
     event, entry = hits[0]
     return Match(
-        confidence=0.65,
         summary=f"known environment fault: {entry['title'] if entry else event.signature}",
         evidence=cite([e for e, _ in hits], "known_issue"),
         fix=(entry["fix"] + f" Source: {entry['source_url']}") if entry else "",
@@ -734,6 +738,17 @@ RULES: tuple[Rule, ...] = (
         marks_failure=True,
     ),
     Rule(
+        "known_layout_issue",
+        "A known launch-layout fault's signature (knowledge base: invalid device ordinal)",
+        ("known_signature",),
+        "parallelism_config",
+        # Outranks the crash it explains: the error names its own cause.
+        0.85,
+        "See the knowledge-base entry named in the summary.",
+        _known_environment_issue("parallelism_config"),
+        marks_failure=True,
+    ),
+    Rule(
         "known_version_issue",
         "The printed version lies in the affected range of a known regression",
         ("config_value",),
@@ -771,7 +786,7 @@ RULES: tuple[Rule, ...] = (
         "Every rank timed out in a barrier-sized collective at the very start of the job",
         ("watchdog_timeout",),
         "timeout_too_short",
-        0.5,
+        0.45,
         "Do start-up work before the process group's clock runs: preprocess/tokenize offline or "
         "cache it, download weights ahead of time, or raise the timeout for start-up "
         "(init_process_group(timeout=timedelta(hours=2)), HF `ddp_timeout`, Megatron "
