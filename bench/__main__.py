@@ -10,8 +10,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from . import accuracy, crossrank, diagnosis
 from . import agent as agent_bench
-from . import crossrank, diagnosis
 from . import fleet as fleet_bench
 from . import load as load_bench
 from ._services import exit_on_sigterm
@@ -20,7 +20,7 @@ from .report import machine, markdown, scenario
 MIB = 1 << 20
 
 
-SCENARIOS = ("diagnosis", "crossrank", "agent", "fleet", "load")
+SCENARIOS = ("accuracy", "diagnosis", "crossrank", "agent", "fleet", "load")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             details["diagnosis"] = result["details"]
             scenarios += result["scenarios"]
         runs = {
+            "accuracy": lambda: accuracy.run(quick=args.quick, say=say),
             "crossrank": lambda: crossrank.run(work, quick=args.quick, say=say),
             "agent": lambda: agent_bench.run(work, quick=args.quick, say=say),
             "fleet": lambda: fleet_bench.run(work, quick=args.quick, say=say),
