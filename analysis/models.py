@@ -34,6 +34,9 @@ class Incident(models.Model):
     # so a page or a report can say "the 7th time".
     fingerprint = models.CharField(max_length=64, blank=True, db_index=True)
     signature = models.CharField(max_length=255, blank=True)  # Verdict.signature
+    # The resolved public incidents most like this one (analysis.corpus.similar): leads with
+    # their thread and fix, never the verdict.
+    similar = models.JSONField(default=list, blank=True)
     opened_at = models.DateTimeField(default=timezone.now)
     classified_at = models.DateTimeField(null=True, blank=True)
     # The on-call workflow (analysis.services.incident_*): who did what, and when.
@@ -59,6 +62,26 @@ class Incident(models.Model):
 
     def __str__(self) -> str:
         return f"incident {self.pk} ({self.culprit}) on {self.job_id}"
+
+
+class IncidentRevision(models.Model):
+    """One verdict an incident had. A new one is recorded only when later evidence changes the
+    culprit or the suspected ranks; evidence that only adds to the same verdict is no revision."""
+
+    incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="revisions")
+    at = models.DateTimeField(default=timezone.now)
+    culprit = models.CharField(max_length=32)
+    confidence = models.FloatField(default=0.0)
+    ranks = models.JSONField(default=list)  # the suspected ranks, strongest first
+    rule_id = models.CharField(max_length=64, blank=True)  # the rule that named the culprit
+    cause = models.CharField(max_length=500, blank=True)  # what arrived since the last verdict
+    ruleset_version = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        ordering = ["at", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.culprit} ({self.cause})"
 
 
 class Entity(models.Model):

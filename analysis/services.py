@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from analysis import memory
 from analysis.classify import IncidentContext, Verdict, classify
-from analysis.models import Incident
+from analysis.corpus.similar import similar_cases
+from analysis.models import Incident, IncidentRevision
 from fleet.models import Attempt
 from ingest.models import Event, Upload
 from ingest.parsers import parse_log
@@ -120,20 +121,68 @@ def incident_classify(attempt: Attempt, now=None) -> Incident | None:
         "matches": [vars_(m) for m in verdict.matches],
         "ruleset_version": verdict.ruleset_version,
         "signature": verdict.signature[:255],
+        "similar": [s.to_dict() for s in similar_cases(events)],
         "classified_at": now,
     }
     with transaction.atomic():
         # An incident opens when the attempt failed, if an agent or scheduler said when.
         opened = min(now, attempt.ended_at) if attempt.ended_at else now
+        previous = (
+            Incident.objects.select_for_update()
+            .filter(attempt=attempt)
+            .only("pk", "classified_culprit", "culprit")
+            .first()
+        )
+        if previous is not None and previous.classified_culprit:
+            # An operator named the culprit: the core's newer verdict is kept beside it.
+            fields["classified_culprit"] = fields.pop("culprit")
         incident, _ = Incident.objects.update_or_create(
             attempt=attempt, defaults=fields, create_defaults={**fields, "opened_at": opened}
         )
+        incident_revise(incident, verdict, attempt, now)
         Attempt.objects.filter(pk=attempt.pk).update(status=Attempt.Status.FAILED)
         memory.exposures_record(attempt)
         memory.incident_implicate(incident, attempt)
         artifact_requests_for_incident(incident, attempt)
         transaction.on_commit(fleet_correlate_soon)
     return incident
+
+
+def _verdict_ranks(verdict: Verdict) -> list[int]:
+    return [int(s.id) for s in verdict.suspects if s.kind == "rank" and s.id.isdigit()][:4]
+
+
+def incident_revise(incident: Incident, verdict: Verdict, attempt: Attempt, now) -> bool:
+    """Record a revision when the culprit or the suspected ranks changed (or for the first
+    verdict), saying what arrived since the last one. Returns whether one was recorded."""
+    ranks = _verdict_ranks(verdict)
+    last = incident.revisions.order_by("-at", "-pk").first()
+    if last is not None and (last.culprit, last.ranks) == (verdict.culprit, ranks):
+        return False
+    since = attempt.uploads.order_by("received_at")
+    if last is not None:
+        since = since.filter(received_at__gt=last.at)
+    arrived = [
+        f"{u.kind}"
+        + (f" of rank {u.rank}" if u.rank is not None else "")
+        + f" from {u.host.hostname}"
+        for u in since.select_related("host")[:6]
+    ]
+    cause = ("first verdict" if last is None else "changed after") + (
+        ": " + ", ".join(arrived) if arrived else ""
+    )
+    naming = next((m.rule_id for m in verdict.matches if m.culprit == verdict.culprit), "")
+    IncidentRevision.objects.create(
+        incident=incident,
+        at=now,
+        culprit=verdict.culprit,
+        confidence=verdict.confidence,
+        ranks=ranks,
+        rule_id=naming if verdict.culprit != "unknown" else "",
+        cause=cause[:500],
+        ruleset_version=verdict.ruleset_version,
+    )
+    return True
 
 
 def fleet_correlate_soon() -> None:

@@ -45,7 +45,14 @@ def usable_cpus() -> int:
 
 
 def diagnose(paths: list[str], *, jobs: int = 1):
+    """The verdict on these files (``fleetwatch diagnose`` without the similar cases)."""
+    return diagnose_with_similar(paths, jobs=jobs)[0]
+
+
+def diagnose_with_similar(paths: list[str], *, jobs: int = 1):
+    """The verdict, and the resolved public incidents most like these files."""
     from analysis.classify import IncidentContext, classify
+    from analysis.corpus.similar import similar_cases
     from ingest.parsers import parse_files
 
     files = list(iter_files(paths))
@@ -62,10 +69,11 @@ def diagnose(paths: list[str], *, jobs: int = 1):
             events.extend(e if e.rank is not None else replace(e, rank=rank) for e in result.events)
         else:
             events.extend(result.events)
-    return classify(events, IncidentContext(ranks_uploaded=frozenset(ranks)))
+    verdict = classify(events, IncidentContext(ranks_uploaded=frozenset(ranks)))
+    return verdict, similar_cases(events)
 
 
-def render_text(verdict) -> str:
+def render_text(verdict, similar=()) -> str:
     lines = [
         f"Culprit:    {verdict.culprit} (confidence {verdict.confidence:.2f})",
         f"Summary:    {verdict.summary}",
@@ -82,12 +90,18 @@ def render_text(verdict) -> str:
     if verdict.evidence:
         lines.append("Evidence:")
         lines += [f"  {e.file}:{e.line} [{e.signal}] {e.text[:200]}" for e in verdict.evidence]
+    if similar:
+        lines.append("Similar resolved public incidents (leads, not the verdict):")
+        for s in similar:
+            lines.append(f"  {s.similarity:.2f} {s.culprit}: {s.title[:80]} <{s.source_url}>")
+            lines.append(f"      fix: {s.fix[:160]}")
     lines.append(f"Ruleset {verdict.ruleset_version}")
     return "\n".join(lines)
 
 
-def to_json(verdict) -> dict:
+def to_json(verdict, similar=()) -> dict:
     out = verdict.to_dict()
+    out["similar"] = [s.to_dict() for s in similar]
     return {
         key: out[key]
         for key in (
@@ -99,6 +113,7 @@ def to_json(verdict) -> dict:
             "evidence",
             "alternatives",
             "ruleset_version",
+            "similar",
         )
     }
 
@@ -166,14 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "diagnose":
         try:
-            verdict = diagnose(args.paths, jobs=args.jobs)  # parse_files keeps it in 1..files
+            # parse_files keeps jobs in 1..files
+            verdict, similar = diagnose_with_similar(args.paths, jobs=args.jobs)
         except OSError as exc:
             print(f"fleetwatch diagnose: {exc}", file=sys.stderr)
             return EXIT_UNREADABLE
         if args.json:
-            print(json.dumps(to_json(verdict), indent=2))
+            print(json.dumps(to_json(verdict, similar), indent=2))
         else:
-            print(render_text(verdict))
+            print(render_text(verdict, similar))
         return 0
     return 1  # pragma: no cover - argparse rejects unknown commands
 

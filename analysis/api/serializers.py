@@ -1,6 +1,12 @@
 from rest_framework import serializers
 
-from analysis.models import Incident
+from analysis.models import Incident, IncidentRevision
+
+
+class IncidentRevisionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = IncidentRevision
+        fields = ["at", "culprit", "confidence", "ranks", "rule_id", "cause", "ruleset_version"]
 
 
 class IncidentSerializer(serializers.ModelSerializer):
@@ -8,6 +14,9 @@ class IncidentSerializer(serializers.ModelSerializer):
     attempt = serializers.IntegerField(source="attempt.number", read_only=True)
     hosts = serializers.SerializerMethodField()
     occurrence = serializers.SerializerMethodField()
+    revisions = IncidentRevisionSerializer(
+        many=True, read_only=True, help_text="each verdict the incident had, oldest first"
+    )
 
     class Meta:
         model = Incident
@@ -30,6 +39,8 @@ class IncidentSerializer(serializers.ModelSerializer):
             "occurrence",
             "opened_at",
             "classified_at",
+            "revisions",
+            "similar",
         ]
 
     def get_occurrence(self, incident) -> int:

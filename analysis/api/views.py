@@ -21,7 +21,8 @@ from ingest.models import AgentKey, Upload
 
 class IncidentViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = Incident.objects.select_related("job", "attempt").prefetch_related(
-        Prefetch("attempt__uploads", queryset=Upload.objects.select_related("host"))
+        Prefetch("attempt__uploads", queryset=Upload.objects.select_related("host")),
+        "revisions",
     )
     serializer_class = IncidentSerializer
     filterset_class = IncidentFilterSet

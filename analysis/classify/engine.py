@@ -192,8 +192,8 @@ def classify(events: Iterable[Event], context: IncidentContext | None = None) ->
         culprit, confidence = "unknown", 0.0
         fix = (
             "Not enough evidence to name a cause. Upload every rank's log, the NCCL_DEBUG=INFO "
-            "output and Flight Recorder dumps (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, "
-            "TORCH_NCCL_DUMP_ON_TIMEOUT=1)"
+            "output and Flight Recorder dumps (TORCH_FR_BUFFER_SIZE=2000, "
+            "TORCH_NCCL_TRACE_BUFFER_SIZE before PyTorch 2.6, TORCH_NCCL_DUMP_ON_TIMEOUT=1)"
             + ("; start with the suspect ranks named above." if suspects else ".")
         )
     alternatives = tuple(

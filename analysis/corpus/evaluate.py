@@ -311,6 +311,31 @@ def calibrate(cases: list[Case]) -> dict[str, Any]:
     }
 
 
+def similar_figures(cases: list[Case]) -> dict[str, Any]:
+    """How often the closest resolved public case (leave-one-out: never the case itself) has the
+    case's own cause, when one is offered at all."""
+    from ingest.parsers import parse_file
+
+    from .similar import OFFER_AT, similar_cases
+
+    offered = right = 0
+    for case in cases:
+        if not case.known_cause:
+            continue
+        top = similar_cases(parse_file(case.log_path).events, exclude=case.id, most=1)
+        if top:
+            offered += 1
+            right += top[0].culprit in case.accepted
+    known = sum(c.known_cause for c in cases)
+    return {
+        "offer_at": OFFER_AT,
+        "offered": offered,
+        "offered_share": _ratio(offered, known),
+        "top1_right": right,
+        "top1_precision": _ratio(right, offered),
+    }
+
+
 def evaluate(cases: list[Case], *, perturb: bool = True) -> dict[str, Any]:
     outcomes, flips = [], []
     for case in cases:
@@ -318,7 +343,9 @@ def evaluate(cases: list[Case], *, perturb: bool = True) -> dict[str, Any]:
         outcomes.append(base)
         if perturb:
             flips.extend(perturbation_flips(case, base))
-    return report(outcomes, flips if perturb else None)
+    figures = report(outcomes, flips if perturb else None)
+    figures["similar"] = similar_figures(cases)
+    return figures
 
 
 def render(figures: dict[str, Any], split: str) -> str:
@@ -336,6 +363,12 @@ def render(figures: dict[str, Any], split: str) -> str:
     ]
     if "perturbation_flips" in figures:
         lines.append(f"  perturbation flips    {len(figures['perturbation_flips'])}")
+    sim = figures.get("similar")
+    if sim:
+        lines.append(
+            f"  similar public case   offered for {sim['offered']} known-cause cases "
+            f"(similarity >= {sim['offer_at']}), its cause right {pct(sim['top1_precision'])}"
+        )
     lines.append("  per class (cases, named, precision, coverage):")
     for culprit, row in figures["per_class"].items():
         lines.append(

@@ -93,3 +93,31 @@ def test_a_parse_abandoned_by_a_dead_worker_is_taken_over_later(upload):
     )
     upload_parse(upload_id)
     assert Upload.objects.get(pk=upload_id).status == "parsed"
+
+
+def test_later_evidence_revises_the_verdict_only_when_culprit_or_ranks_change(upload, reader):
+    """Each verdict is kept with what changed it; the same verdict again is no revision. The
+    uploads run their parse and classification as they arrive (eager), one rank at a time."""
+    from fleet.demo import JobScenario, rank_log
+
+    scenario = JobScenario("rev-1", ["gpu-r"], world=4, era="2.3", seq=19, numel=1, lagging=3)
+
+    def revisions():
+        found = reader.get("/api/v1/incidents", {"job": "rev-1"}).json()["results"]
+        return found[0]["revisions"] if found else []
+
+    for rank in (0, 1):
+        upload(
+            rank_log(scenario, rank), job="rev-1", rank=rank, host="gpu-r", name=f"rank{rank}.log"
+        )
+    first = revisions()
+    assert len(first) == 1 and first[0]["cause"].startswith("first verdict")
+    upload(rank_log(scenario, 2), job="rev-1", rank=2, host="gpu-r", name="rank2.log")
+    assert revisions() == first  # the same culprit and ranks again: no revision
+    upload(rank_log(scenario, 3), job="rev-1", rank=3, host="gpu-r", name="rank3.log")
+    final = revisions()
+    assert final[:1] == first
+    assert len(final) <= 2
+    if len(final) == 2:  # the lagging rank's own log changed who is suspected
+        assert final[1]["cause"].startswith("changed after") and "of rank 3" in final[1]["cause"]
+        assert final[1]["ranks"] != first[0]["ranks"] or final[1]["culprit"] != first[0]["culprit"]

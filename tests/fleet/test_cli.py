@@ -37,7 +37,9 @@ def test_json_output_has_every_documented_field(tmp_path, capsys):
         "evidence",
         "alternatives",
         "ruleset_version",
+        "similar",
     }
+    assert isinstance(verdict["similar"], list)
     assert verdict["culprit"] == "rank_desync_code"
     assert {"kind": "rank", "id": "0"} in [
         {k: s[k] for k in ("kind", "id")} for s in verdict["suspects"]
