@@ -29,6 +29,7 @@ from analysis.classify.recurrence import (
     job_family,
     suspicious,
 )
+from analysis.classify.registry import IMPLICATES
 from analysis.models import CulpritScore, Entity, Exposure, HostRepair, Implication, Incident
 from fleet.models import Attempt, Host
 from ingest.models import Event
@@ -168,153 +169,13 @@ def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication
     matches = {m["rule_id"]: m for m in incident.matches}
     links = _Links()
     rank_hosts = dict(attempt.placements.values_list("rank", "host__hostname"))
-    family = job_family(attempt.job.name or attempt.job.external_id)
-    config = _canonical_config(attempt)
 
     def conf(rule_id: str) -> float:
         return matches[rule_id]["confidence"]
 
-    if "gpu_hardware_fault" in matches:
-        for kind, attrs, host, _rank in _event_hosts(attempt, HARDWARE_KINDS):
-            pci = attrs.get("pci") or attrs.get("device") or ""
-            why = f"{kind.replace('_', ' ')} {attrs.get('code') or ''}".strip()
-            links.add(
-                "host",
-                host,
-                "bad_node_hardware",
-                "gpu_hardware_fault",
-                conf("gpu_hardware_fault"),
-                why,
-            )
-            if pci:
-                links.add(
-                    "gpu",
-                    f"{host}/{pci}",
-                    "bad_node_hardware",
-                    "gpu_hardware_fault",
-                    conf("gpu_hardware_fault"),
-                    why,
-                )
-    if "network_errors" in matches:
-        for _kind, attrs, host, _rank in _event_hosts(attempt, NETWORK_KINDS):
-            where = attrs.get("host") or host
-            links.add(
-                "host",
-                where,
-                "network_transport",
-                "network_errors",
-                conf("network_errors"),
-                "reported NCCL network errors",
-            )
-            hca = (
-                (attrs.get("detail") or "").split("hca ")[-1].split()[0]
-                if "hca " in (attrs.get("detail") or "")
-                else ""
-            )
-            if hca:
-                links.add(
-                    "nic",
-                    f"{where}/{hca}",
-                    "network_transport",
-                    "network_errors",
-                    conf("network_errors"),
-                    "IB errors on this HCA",
-                )
-    if "socket_transport_multinode" in matches:
-        hosts = {
-            attrs.get("host") or h
-            for kind, attrs, h, _r in _event_hosts(attempt, SOCKET_KINDS)
-            if kind == "nccl_ib_unavailable" or attrs.get("network", "").lower() == "socket"
-        }
-        racks = Host.objects.filter(hostname__in=hosts).values_list("hostname", "rack")
-        for host, rack in racks:
-            links.add(
-                "rack" if rack else "host",
-                rack or host,
-                "network_transport",
-                "socket_transport_multinode",
-                conf("socket_transport_multinode"),
-                "NCCL fell back to sockets here",
-            )
-    if "storage_stall" in matches:
-        stalls = list(_event_hosts(attempt, ("storage_stall",)))
-        named_mount = any(attrs.get("mount") for _k, attrs, _h, _r in stalls)
-        for _kind, attrs, host, _rank in stalls:
-            mount = attrs.get("mount") or ""
-            if not mount and named_mount:
-                continue  # a hung task beside a stalled mount is the mount's doing
-            if mount:
-                links.add(
-                    "mount",
-                    mount,
-                    "storage_io",
-                    "storage_stall",
-                    conf("storage_stall"),
-                    f"{attrs.get('signature', 'stall')} on {host}",
-                )
-            else:
-                # A hung task without a named mount: the host's own disks are the suspect.
-                links.add(
-                    "host",
-                    host,
-                    "storage_io",
-                    "storage_stall",
-                    conf("storage_stall"),
-                    "storage stalled on this host",
-                )
-    for rule_id in ("p2p_schedule_desync", "dataloader_oversubscribed"):
-        if rule_id in matches:
-            keys = (
-                ("pipeline_parallel",)
-                if rule_id.startswith("p2p")
-                else ("num_workers", "prefetch", "prefetch_factor")
-            )
-            models = _models(attempt.placements.values_list("host__hostname", flat=True))
-            for key in keys:
-                if key not in config:
-                    continue
-                setting = f"{key}={config[key]}"
-                for target in [setting] + [f"{setting} on {m}" for m in models]:
-                    links.add(
-                        "config",
-                        target,
-                        matches[rule_id]["culprit"],
-                        rule_id,
-                        conf(rule_id),
-                        "setting in the failing job",
-                    )
-    for rule_id in (
-        "rank_left_early",
-        "collective_mismatch",
-        "first_barrier_timed_out",
-        "preprocessing_outlasted_timeout",
-        "rank_crashed_first",
-    ):
-        if rule_id in matches:
-            # A crash is sure of the rank that died, not of the code that ran there (memory
-            # pressure, a bad GPU, bad data): for the job family it is a weak sign.
-            weak = rule_id == "rank_crashed_first"
-            links.add(
-                "job_family",
-                family,
-                matches[rule_id]["culprit"],
-                rule_id,
-                min(conf(rule_id), WEAK_SIGN) if weak else conf(rule_id),
-                "a rank of this job family crashed first"
-                if weak
-                else "this job family's code path",
-            )
-    for rule_id in ("known_library_bug", "old_communication_stack"):
-        if rule_id in matches:
-            for key, value in attempt.versions.items():
-                links.add(
-                    "version",
-                    f"{key}={value}",
-                    "software_version",
-                    rule_id,
-                    conf(rule_id),
-                    "version in the failing job",
-                )
+    for rule_id, match in matches.items():
+        for how in IMPLICATES.get(rule_id, ()):
+            _implicate(how, rule_id, match["culprit"], conf(rule_id), attempt, incident, links)
     # The ranks the others waited for: a host that keeps holding them up is a bad node, even
     # when no single incident can say why.
     # When another entity explains why the others waited, the lagging rank's host is not the
@@ -360,6 +221,102 @@ def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication
         fingerprint = incident_fingerprint(incident.culprit, top, incident.signature)
         Incident.objects.filter(pk=incident.pk).update(fingerprint=fingerprint)
     return rows
+
+
+def _implicate(how: str, rule_id: str, culprit: str, confidence: float, attempt, incident, links):
+    """One entry of the rule registry's ``IMPLICATES`` (analysis/classify/registry.py)."""
+    if how == "hardware_hosts":
+        for kind, attrs, host, _rank in _event_hosts(attempt, HARDWARE_KINDS):
+            pci = attrs.get("pci") or attrs.get("device") or ""
+            why = f"{kind.replace('_', ' ')} {attrs.get('code') or ''}".strip()
+            links.add("host", host, culprit, rule_id, confidence, why)
+            if pci:
+                links.add("gpu", f"{host}/{pci}", culprit, rule_id, confidence, why)
+    elif how == "network_hosts":
+        for _kind, attrs, host, _rank in _event_hosts(attempt, NETWORK_KINDS):
+            where = attrs.get("host") or host
+            links.add("host", where, culprit, rule_id, confidence, "reported NCCL network errors")
+            detail = attrs.get("detail") or ""
+            hca = detail.split("hca ")[-1].split()[0] if "hca " in detail else ""
+            if hca:
+                links.add("nic", f"{where}/{hca}", culprit, rule_id, confidence, "IB errors here")
+    elif how == "socket_racks":
+        hosts = {
+            attrs.get("host") or h
+            for kind, attrs, h, _r in _event_hosts(attempt, SOCKET_KINDS)
+            if kind == "nccl_ib_unavailable" or attrs.get("network", "").lower() == "socket"
+        }
+        racks = Host.objects.filter(hostname__in=hosts).values_list("hostname", "rack")
+        for host, rack in racks:
+            links.add(
+                "rack" if rack else "host",
+                rack or host,
+                culprit,
+                rule_id,
+                confidence,
+                "NCCL fell back to sockets here",
+            )
+    elif how == "stall_mounts":
+        stalls = list(_event_hosts(attempt, ("storage_stall",)))
+        named_mount = any(attrs.get("mount") for _k, attrs, _h, _r in stalls)
+        for _kind, attrs, host, _rank in stalls:
+            mount = attrs.get("mount") or ""
+            if not mount and named_mount:
+                continue  # a hung task beside a stalled mount is the mount's doing
+            if mount:
+                why = f"{attrs.get('signature', 'stall')} on {host}"
+                links.add("mount", mount, culprit, rule_id, confidence, why)
+            else:
+                # A hung task without a named mount: the host's own disks are the suspect.
+                why = "storage stalled on this host"
+                links.add("host", host, culprit, rule_id, confidence, why)
+    elif how == "signature_hosts":
+        for _kind, attrs, host, _rank in _event_hosts(attempt, ("known_signature",)):
+            why = f"known issue {attrs.get('signature', '')} in its logs"
+            links.add("host", host, culprit, rule_id, confidence, why)
+    elif how == "suspect_hosts":
+        rank_hosts = dict(attempt.placements.values_list("rank", "host__hostname"))
+        for suspect in incident.suspects:
+            host = suspect["id"] if suspect["kind"] == "host" else None
+            if suspect["kind"] == "rank" and suspect["id"].isdigit():
+                host = rank_hosts.get(int(suspect["id"]))
+            if host:
+                links.add("host", host, culprit, rule_id, confidence, suspect["why"][:200])
+    elif how.startswith("config:"):
+        config = _canonical_config(attempt)
+        models = _models(attempt.placements.values_list("host__hostname", flat=True))
+        for key in how.removeprefix("config:").split(","):
+            if key not in config:
+                continue
+            setting = f"{key}={config[key]}"
+            for target in [setting] + [f"{setting} on {m}" for m in models]:
+                links.add(
+                    "config", target, culprit, rule_id, confidence, "setting in the failing job"
+                )
+    elif how in ("job_family", "job_family_weak"):
+        # A crash is sure of the rank that died, not of the code that ran there (memory
+        # pressure, a bad GPU, bad data): for the job family it is a weak sign.
+        weak = how == "job_family_weak"
+        links.add(
+            "job_family",
+            job_family(attempt.job.name or attempt.job.external_id),
+            culprit,
+            rule_id,
+            min(confidence, WEAK_SIGN) if weak else confidence,
+            "a rank of this job family crashed first" if weak else "this job family's code path",
+        )
+    elif how == "versions":
+        for key, value in attempt.versions.items():
+            links.add(
+                "version",
+                f"{key}={value}",
+                culprit,
+                rule_id,
+                confidence,
+                "version in the failing job",
+            )
+    else:  # pragma: no cover - the registry test holds every entry to this vocabulary
+        raise ValueError(f"unknown implication {how!r} of rule {rule_id}")
 
 
 def incident_fingerprint(culprit: str, top: Implication | None, signature: str = "") -> str:

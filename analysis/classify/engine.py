@@ -14,14 +14,11 @@ from pathlib import Path
 
 from ingest.parsers.events import Event
 
-from .crossrank import CROSSRANK_RULES
 from .facts import DEFAULT_PG, Facts, gather
-from .hardware import HARDWARE_RULES
 from .model import Alternative, Evidence, IncidentContext, RuleMatch, Suspect, Verdict
-from .rules import NAME_THRESHOLD, RULES, RULESET_VERSION, Match
+from .registry import ALL_RULES
+from .rules import NAME_THRESHOLD, RULESET_VERSION, Match
 from .signature import parameterise
-
-ALL_RULES = RULES + CROSSRANK_RULES + HARDWARE_RULES
 
 MAX_EVIDENCE = 40
 

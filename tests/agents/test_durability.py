@@ -132,9 +132,16 @@ def test_a_full_spool_drops_the_oldest_counts_them_and_stays_bounded(tmp_path):
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     agent = start_agent(tmp_path, dead, FLEETWATCH_SPOOL_MAX_BYTES="65536")
+
+    def newest_end() -> int:
+        ends = [i.header["end"] for i in Spool(tmp_path / "spool").items() if "end" in i.header]
+        return max(ends, default=-1)
+
     try:
-        wait_until(lambda: Spool(tmp_path / "spool").state().dropped_items > 0, 30, "drops")
-        time.sleep(1.0)
+        wait_until(lambda: Spool(tmp_path / "spool").state().dropped_items > 0, 60, "drops")
+        # A condition, not a fixed second: on a busy machine the agent may still be reading.
+        size_written = log.stat().st_size
+        wait_until(lambda: newest_end() == size_written, 120, "the log's last byte spooled")
     finally:
         agent.send_signal(signal.SIGKILL)
         agent.wait()

@@ -1,0 +1,42 @@
+"""The rule registry: every rule declares what it implicates and its basis, and the registry is
+pinned to the ruleset version so that no rule changes meaning under an old version."""
+
+import re
+
+from analysis.classify.registry import ALL_RULES, BASIS, IMPLICATES, registry_hash
+from analysis.classify.rules import RULESET_VERSION
+from analysis.models import Incident
+
+# One row per ruleset version: a change to any rule's culprit, strength, fix, needs, failure
+# marking, implications or basis changes the hash, and needs a new version (and a re-run of
+# `fleetwatch eval --split dev --calibrate`).
+PINNED = {"2026.11.9": "3e139840f62b6274"}
+
+HOW = re.compile(
+    r"^(hardware_hosts|network_hosts|socket_racks|stall_mounts|signature_hosts|suspect_hosts|"
+    r"job_family|job_family_weak|versions|config:[a-z_]+(?:,[a-z_]+)*)$"
+)
+
+
+def test_every_rule_has_one_entry_in_the_registry_and_no_entry_names_a_rule_that_is_gone():
+    ids = [rule.id for rule in ALL_RULES]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == set(IMPLICATES) == set(BASIS)
+
+
+def test_every_implication_is_one_fleet_memory_knows_how_to_find():
+    for rule_id, hows in IMPLICATES.items():
+        for how in hows:
+            assert HOW.match(how), (rule_id, how)
+
+
+def test_every_rule_names_a_culprit_of_the_vocabulary_and_a_basis():
+    for rule in ALL_RULES:
+        assert rule.culprit in Incident.Culprit.values, rule.id
+        assert len(BASIS[rule.id]) > 20, rule.id
+
+
+def test_the_registry_is_pinned_to_the_ruleset_version():
+    assert PINNED.get(RULESET_VERSION) == registry_hash(), (
+        f"the registry changed: bump RULESET_VERSION and pin {registry_hash()} to it"
+    )
