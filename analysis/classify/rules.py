@@ -250,7 +250,7 @@ def _network_errors(f: Facts) -> Match | None:
             "routable interface"
         )
     else:
-        summary = f"NCCL could not reach a peer ({strong[0].text[:120]})"
+        summary = f"a rank could not reach its peers ({strong[0].text[:120]})"
     return Match(
         confidence=0.8,
         summary=summary,

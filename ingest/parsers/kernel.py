@@ -197,6 +197,11 @@ class KernelParser:
                 m = _RM_INIT.search(text)
                 pci = m.group("pci") if m and m.group("pci") else ""
                 return [GpuUnreachable(**ctx, pci=_pci(pci), reason="RmInitAdapter failed")]
+            if "NV_ERR_RESET_REQUIRED" in text:
+                # The driver's status for a GPU that must be reset before it can be used again
+                # (nvidia open-gpu-kernel-modules nvstatuscodes.h: "Reset required"), e.g. after
+                # a GSP firmware fault: no job can run on it until the node is reset.
+                return [GpuUnreachable(**ctx, pci="", reason="reset required")]
             return []
         if "PCIe Bus Error" in text:
             m = _AER.search(text)

@@ -41,7 +41,7 @@ from .prefix import Prefix
 # exceptions that do not repeat the word NCCL.
 # "Connect to" the socket failures PyTorch 1.13+ reprints after "Last error:" on a line of their
 # own, without the NCCL WARN header.
-TRIGGERS: tuple[bytes, ...] = (b"NCCL", b"Error", b"Connect to ")
+TRIGGERS: tuple[bytes, ...] = (b"NCCL", b"Error", b"Connect to ", b"connectFullMesh failed")
 
 # ibv_wc_status (libibverbs <infiniband/verbs.h>) → name, meaning, and whether it is usually a
 # follow-on (the queue pair was already in error because of an earlier failure).
@@ -212,7 +212,19 @@ class NcclParser:
 
     def _reprinted_connect(self, line: Line, pre: Prefix, text: str) -> list[Event]:
         """``Last error:`` followed by NCCL's own WARN text (PyTorch 1.13+), e.g.
-        ``socketStartConnect: Connect to 127.0.0.1<45069> failed : Connection refused``."""
+        ``socketStartConnect: Connect to 127.0.0.1<45069> failed : Connection refused``; and
+        gloo's ``Gloo connectFullMesh failed with [.../pair.cc:144] …`` (ProcessGroupGloo could
+        not connect its ranks to each other when the group was created: the hosts do not reach
+        each other on the interface gloo chose, GLOO_SOCKET_IFNAME)."""
+        if "connectFullMesh failed" in text:
+            return [
+                NcclConnectFailed(
+                    line=line.number,
+                    text=line.text,
+                    rank=pre.rank,
+                    reason="Gloo connectFullMesh failed",
+                )
+            ]
         if "Connect to" not in text or "failed" not in text:
             return []
         m = _CONNECT.search(text)

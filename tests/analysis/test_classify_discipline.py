@@ -180,3 +180,20 @@ def test_the_same_cause_on_other_ranks_and_seqs_has_one_signature_and_another_ca
     assert incident_fingerprint(one.culprit, None, one.signature) != incident_fingerprint(
         split.culprit, None, split.signature
     )
+
+
+def test_gloo_failing_to_connect_its_ranks_is_a_network_problem():
+    text = (
+        "(RayWorkerWrapper pid=1061) [rank2]:[E212 02:14:01.179080356 ProcessGroupGloo.cpp:143] "
+        "Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] "
+        "no error\n"
+    )
+    assert verdict_of(text).culprit == "network_transport"
+
+
+def test_a_gpu_the_driver_says_must_be_reset_is_a_hardware_fault():
+    text = (
+        "[Sun Jan 11 09:52:01 2026] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required "
+        "[NV_ERR_RESET_REQUIRED] (0x00000062) returned from status @ kernel_channel.c:2874\n"
+    )
+    assert verdict_of(text).culprit == "bad_node_hardware"
