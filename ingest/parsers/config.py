@@ -140,6 +140,16 @@ _BAR = re.compile(
     r"(?P<done>\d+)/(?P<total>\d+|\?)\s*\[(?P<el>(?:\d+:)?\d{1,2}:\d{2})<"
 )
 
+# Every word without which no pattern of ConfigParser.feed can match, lower-case: the settings'
+# spellings (with "_" or "-"), and what bars, environment dumps, timeouts and versions contain.
+_WORDS: tuple[str, ...] = tuple(
+    sorted(
+        {k for k in _KEYS}
+        | {k.replace("_", "-") for k in _KEYS}
+        | {"%|", "nccl_", "torch", "cuda_", "timeout", "ersion", "cuda used"}
+    )
+)
+
 MAX_BARS = 100
 # A bar line holding one of these carries something else (a setting, a glued log line).
 _BAR_KEEP = (b"NCCL", b"Error", b"_", b"=", b"ersion")
@@ -184,6 +194,11 @@ class ConfigParser:
         text = pre.rest
         if "NCCL INFO" in text or "NCCL WARN" in text:
             return []  # nccl.py reads NCCL's own report of its settings
+        low = text.lower()
+        if not any(word in low for word in _WORDS):
+            # Decoded for another parser (a trainer's step line, say): nothing here can match
+            # a setting, a bar, a timeout or a version, and the setting regex is costly.
+            return []
         out: list[Event] = []
         ctx = {"line": line.number, "text": line.text, "rank": pre.rank}
         if "%|" in text:
@@ -192,7 +207,6 @@ class ConfigParser:
             for m in _ENV.finditer(text):
                 value = m.group("value").rstrip(",")
                 out.extend(self._emit(ctx, m.group("key"), value, m.group("key")))
-        low = text.lower()
         settings = _SETTING.finditer(text) if any(h in low for h in _KEY_HINTS) else ()
         for m in settings:
             raw = m.group("key")

@@ -5,8 +5,10 @@ Formats read (each names its source):
   - mmengine/mmcv and detectron2: ``… time: 0.5123  data_time: 0.0123 …`` (``IterTimerHook``:
     ``time`` is the whole iteration, ``data_time`` the wait for the batch);
   - trainers that print ``step_time 0.118s | data_time 0.035s`` or ``step_time=…`` (the same
-    two quantities under their plain names);
-  - Megatron-LM: ``elapsed time per iteration (ms): 1234.5`` (no data time).
+    two quantities under their plain names).
+Megatron-LM's ``elapsed time per iteration (ms)`` is not read: only the last pipeline stage's
+first rank prints it, so it cannot tell one rank's time from another's, and fleets print it on
+every iteration (decoding it cost the diagnosis pass half its speed on the bench's log).
 The step index comes from ``global_step N``, ``iter: N``, ``iteration N/``, ``Iter [N/``, else the
 order of the lines. A long job prints a step line per rank per step: per rank the first
 ``HEAD_STEPS`` and the last ``TAIL_STEPS`` are kept (the baseline and the run-up to a failure),
@@ -24,6 +26,7 @@ from .events import Event, register
 from .lines import Line
 from .prefix import Prefix
 
+_WORDS = ("data_time", "step_time", "data-time")
 HEAD_STEPS = 50
 TAIL_STEPS = 200
 
@@ -41,10 +44,9 @@ register(TrainerStep)
 _NUM = r"(?P<{0}>\d+(?:\.\d+)?)\s*(?P<{0}_unit>ms|s)?"
 _DATA = re.compile(r"\bdata[_-]time\s*[:=]?\s*" + _NUM.format("v"))
 _STEP_TIME = re.compile(r"(?:\bstep[_-]time|(?<![\w-])time)\s*[:=]?\s*" + _NUM.format("v"))
-_MEGATRON = re.compile(r"elapsed time per iteration \(ms\):\s*(?P<v>\d+(?:\.\d+)?)")
 _RANK_TAG = re.compile(r"\[rank(\d{1,6})\]")
 _INDEX = re.compile(
-    r"\bglobal_step[:=\s]\s*(?P<a>\d+)|\biter(?:ation)?[:=\s]\s*(?P<b>\d+)|\bIter \[(?P<c>\d+)/"
+    r"\bglobal_step[:=\s]\s*(?P<a>\d+)|\biter[:=\s]\s*(?P<b>\d+)|\bIter \[(?P<c>\d+)/"
 )
 
 
@@ -55,7 +57,7 @@ def _seconds(m: re.Match, default_unit: str = "s") -> float:
 
 
 class TrainerProgressParser:
-    triggers = (b"data_time", b"step_time", b"data-time", b"elapsed time per iteration")
+    triggers = (b"data_time", b"step_time", b"data-time")
 
     def __init__(self) -> None:
         self._head: dict[int | None, list[TrainerStep]] = {}
@@ -64,18 +66,16 @@ class TrainerProgressParser:
 
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest
+        if not any(word in text for word in _WORDS):
+            return []  # a line decoded for another parser
         step_s = data_s = None
-        m = _MEGATRON.search(text)
-        if m:
-            step_s = _seconds(m, "ms")
-        else:
-            d = _DATA.search(text)
-            if d:
-                data_s = _seconds(d)
-            # "time" after removing the data_time field, so that it is not read twice.
-            t = _STEP_TIME.search(text[: d.start()] + text[d.end() :] if d else text)
-            if t:
-                step_s = _seconds(t)
+        d = _DATA.search(text) if "data" in text else None
+        if d:
+            data_s = _seconds(d)
+        # "time" after removing the data_time field, so that it is not read twice.
+        t = _STEP_TIME.search(text[: d.start()] + text[d.end() :] if d else text)
+        if t:
+            step_s = _seconds(t)
         if step_s is None and data_s is None:
             return []
         rank = pre.rank

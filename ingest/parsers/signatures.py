@@ -136,13 +136,16 @@ def _knowledge_signatures() -> tuple[Signature, ...]:
 SIGNATURES = STORAGE + KNOWN_BUGS + _knowledge_signatures()
 
 
+_DECODED = tuple((s.trigger.decode(), s) for s in SIGNATURES)
+
+
 class SignatureParser:
     triggers = tuple(sorted({s.trigger for s in SIGNATURES}))
 
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest
-        for sig in SIGNATURES:
-            if sig.trigger.decode() not in text:
+        for word, sig in _DECODED:
+            if word not in text:
                 continue
             m = sig.pattern.search(text)
             if not m:

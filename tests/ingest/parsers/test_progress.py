@@ -29,12 +29,12 @@ def test_plain_step_time_lines_with_units_and_a_rank_tag_after_the_timestamp():
     assert (e.rank, e.step, e.step_s, e.data_s) == (3, 94, 0.316, 0.299)
 
 
-def test_megatron_iteration_time_is_read_in_milliseconds():
-    (e,) = steps(
+def test_megatrons_single_rank_iteration_time_is_not_read():
+    # Printed by one rank of the last pipeline stage only: it says nothing of which rank slowed.
+    assert not steps(
         " iteration      100/  500000 | consumed samples:        25600 | elapsed time per "
         "iteration (ms): 1234.5 | learning rate: 1.0E-04 |\n"
     )
-    assert (e.step, e.step_s, e.data_s) == (100, 1.2345, None)
 
 
 def test_a_long_run_keeps_each_ranks_first_and_last_steps_only():
