@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.9"
+RULESET_VERSION = "2026.11.10"
 NAME_THRESHOLD = 0.5
 
 
@@ -277,7 +277,17 @@ def _collective_mismatch(f: Facts) -> Match | None:
     mismatches = f.of("collective_mismatch")
     if not mismatches:
         return None
-    m = mismatches[0]
+    full = [m for m in mismatches if m.rank_b is not None]
+    if not full:
+        # The wrapper's error with its fingerprints cut off: the mismatch is certain, who ran
+        # what is not in the excerpt.
+        return Match(
+            confidence=0.85,
+            summary="PyTorch detected a mismatch between the collectives ranks ran (the "
+            "fingerprints are cut from the excerpt)",
+            evidence=cite(mismatches, "collective_mismatch"),
+        )
+    m = full[0]
     return Match(
         confidence=0.85,
         summary=(

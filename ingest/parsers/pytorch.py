@@ -95,6 +95,11 @@ _MISMATCH = re.compile(
     r"(?:SequenceNumber=\d+,\s*)?OpType=(?P<opb>\w+)(?:,\s*TensorShape=(?P<sb>\[[^\]]*\]))?"
 )
 
+_MISMATCH_FIRST = re.compile(
+    r"Rank (?P<ra>\d+) is running (?:inconsistent )?collective(?:: CollectiveFingerPrint\("
+    r"(?:SequenceNumber=\d+,\s*)?OpType=(?P<opa>\w+))?"
+)
+
 MAX_FRAMES = 24
 
 
@@ -266,6 +271,20 @@ class PytorchParser:
                     rank_b=_int(m.group("rb")),
                     op_b=m.group("opb"),
                     shape_b=m.group("sb") or "",
+                )
+            )
+            return out
+        if "Detected mismatch between collectives on ranks" in text:
+            # ProcessGroupWrapper raises this only on a mismatch; a pasted or wrapped excerpt
+            # may cut the fingerprints after it: the fact stands without them.
+            first = _MISMATCH_FIRST.search(text)
+            out.append(
+                CollectiveMismatch(
+                    line=line.number,
+                    text=line.text,
+                    rank=pre.rank,
+                    rank_a=_int(first.group("ra")) if first else None,
+                    op_a=(first.group("opa") or "") if first else "",
                 )
             )
             return out

@@ -197,3 +197,23 @@ def test_a_gpu_the_driver_says_must_be_reset_is_a_hardware_fault():
         "[NV_ERR_RESET_REQUIRED] (0x00000062) returned from status @ kernel_channel.c:2874\n"
     )
     assert verdict_of(text).culprit == "bad_node_hardware"
+
+
+def test_the_wrappers_mismatch_error_is_a_desync_even_with_its_fingerprints_cut_off():
+    text = (
+        "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running "
+        "inconsistent collective: CollectiveFingerPrint(OpType=ALLGATHER, TensorShape\n"
+    )
+    assert verdict_of(text).culprit == "rank_desync_code"
+
+
+def test_two_ranks_on_one_gpu_is_the_launch_layout():
+    text = (
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+        "ProcessGroupNCCL.cpp:1691, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL "
+        "version 2.19.3\nLast error:\n"
+        "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 2000\n"
+    )
+    verdict = verdict_of(text)
+    assert verdict.culprit == "parallelism_config"
+    assert "LOCAL_RANK" in verdict.fix
