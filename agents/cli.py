@@ -52,6 +52,10 @@ def _report_attempt(config, args) -> int:
     return 0
 
 
+# A stop (SIGTERM, SIGINT) ends the agent within this many seconds, whatever the spool holds.
+SHUTDOWN_S = 4.0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleetwatch-agent", description=__doc__)
     parser.add_argument("--config", help="TOML or INI file (else FLEETWATCH_CONFIG)")
@@ -113,10 +117,25 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    agent.run(stop)
-    agent.flush(timeout_s=10)
+    # The loop runs beside the main thread so that a stop is honoured within SHUTDOWN_S
+    # whatever it is doing: an upload to a server that does not answer blocks its thread for up
+    # to request_timeout_s, and a full spool can hold thousands of items. Nothing is lost by
+    # leaving early: the spool is on disk, and an upload cut off mid-request is sent again on
+    # the next start (the server answers a repeat with the first upload's id).
+    loop = threading.Thread(target=agent.run, args=(stop,), name="agent-loop", daemon=True)
+    loop.start()
+    while loop.is_alive() and not stop.is_set():
+        stop.wait(1.0)
+    loop.join(timeout=SHUTDOWN_S / 2)
+    if not loop.is_alive():
+        # One short last pass: what the job wrote last, sent if the server answers at once.
+        agent.uploader.request_timeout_s = 1.0
+        agent.flush(timeout_s=SHUTDOWN_S / 4)
+    logging.getLogger("fleetwatch.agent").info(
+        "agent stopped; %d items left in the spool for the next start", len(agent.spool.names())
+    )
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -64,6 +64,8 @@ class Uploader:
         self.clock = clock
         self.stats = Stats()
         self.not_before = 0.0
+        # A shutdown lowers this for its last pass (agents/cli.py).
+        self.request_timeout_s = config.request_timeout_s
         self.http = urllib3.PoolManager(
             num_pools=2,
             maxsize=1,
@@ -187,12 +189,16 @@ class Uploader:
         base = self.config.server.rstrip("/")
         headers = {"Authorization": f"Bearer {self.config.api_key()}"}
         self.stats.requests += 1
+        timeout = urllib3.Timeout(
+            connect=min(5.0, self.request_timeout_s), read=self.request_timeout_s
+        )
         if header.get("endpoint") == "attempts":
             return self.http.request(
                 "POST",
                 base + ATTEMPTS_PATH,
                 body=item.body(),
                 headers={**headers, "Content-Type": "application/json"},
+                timeout=timeout,
             )
         fields: dict = {
             "host": str(header.get("host") or self.config.host),
@@ -205,5 +211,10 @@ class Uploader:
         if header.get("kind"):
             fields["kind"] = header["kind"]
         return self.http.request(
-            "POST", base + UPLOADS_PATH, fields=fields, headers=headers, encode_multipart=True
+            "POST",
+            base + UPLOADS_PATH,
+            fields=fields,
+            headers=headers,
+            encode_multipart=True,
+            timeout=timeout,
         )

@@ -155,3 +155,28 @@ def test_a_full_spool_drops_the_oldest_counts_them_and_stays_bounded(tmp_path):
         key=lambda i: i.header["end"],
     )
     assert newest.header["end"] == log.stat().st_size
+
+
+def test_sigterm_ends_the_agent_while_an_upload_hangs_and_the_spool_keeps_everything(tmp_path):
+    """A server that accepts the connection and never answers holds an upload for the whole
+    read timeout (30 s); SIGTERM must not wait for it (agents/cli.py SHUTDOWN_S, 4 s), and
+    what was spooled stays for the next start."""
+    log = tmp_path / "rank0.log"
+    write_log(log, 0, 2000, noise=True)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # the kernel completes connections; nobody ever reads or answers
+        server = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        agent = start_agent(tmp_path, server, FLEETWATCH_REQUEST_TIMEOUT_S="30")
+        try:
+            wait_until(lambda: Spool(tmp_path / "spool").names(), 60, "items spooled")
+            wait_until(lambda: b"agent up" in (tmp_path / "agent.out").read_bytes(), 60, "agent up")
+            agent.send_signal(signal.SIGTERM)
+            # Far below the 30 s the hanging upload alone would take, with room for a busy
+            # machine: the design bound is 4 s.
+            assert agent.wait(timeout=20) == 0
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    assert Spool(tmp_path / "spool").names()

@@ -32,7 +32,13 @@ def test_an_ingest_worker_parses_and_only_an_analysis_worker_classifies(stack):
     )
     # The classify task waits on the analysis queue, which nobody consumes yet, and only there
     # (one or two of them: the first parse schedules one too if it ends before the second upload
-    # arrives).
+    # arrives). The parse commits its row before it publishes: wait for the message, do not
+    # expect it the instant the row says "parsed" (a busy machine widens that gap).
+    wait_until(
+        lambda: broker.client().llen("analysis") >= 1,
+        60,
+        "the classify task on the analysis queue",
+    )
     assert broker.client().llen("analysis") in (1, 2), stack.logs_text()
     assert broker.client().llen("ingest") == 0
     assert db.value("SELECT count(*) FROM analysis_incident") == 0
