@@ -55,6 +55,9 @@ def pid_alive(pid) -> bool:
     return True
 
 
+STALL_TIMEOUT_SHARE = 0.5  # of the process group's timeout: when a silent rank's dump is asked
+
+
 class Agent:
     def __init__(self, config: AgentConfig, *, clock=time.time) -> None:
         self.config = config
@@ -181,6 +184,12 @@ class Agent:
             if beat.get("finished") or not median or not last or not pid_alive(beat.get("pid")):
                 continue
             limit = max(self.config.stall_min_s, self.config.stall_factor * median)
+            pg_timeout = beat.get("pg_timeout_s")
+            if pg_timeout:
+                # Dump before the watchdog fires at the peers: a rank silent for half the
+                # collective timeout is the one they will time out waiting for, and after the
+                # abort its state is gone (a fixed 30 s never fired before a 6 s timeout).
+                limit = min(limit, max(self.config.poll_s, STALL_TIMEOUT_SHARE * pg_timeout))
             key = (beat["job"], beat.get("attempt"), beat.get("rank"), beat.get("steps"))
             if now - last > limit and key not in self.dumped:
                 self.dumped.add(key)

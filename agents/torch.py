@@ -107,6 +107,9 @@ class Integration:
         self.ident = ident
         self.heartbeat_every_s = heartbeat_every_s
         self.started_at = time.time()
+        # The default process group's collective timeout once init_process_group ran: the agent
+        # asks for a Flight Recorder dump of a silent rank before the watchdog fires at it.
+        self.pg_timeout_s: float | None = None
         # Written by the training thread, read by the background thread: plain attributes and
         # a deque whose append and copy are each atomic under the GIL.
         self.steps = 0
@@ -239,6 +242,7 @@ class Integration:
             "median_step_s": median,
             "recent_step_s": list(durations)[-16:],
             "started_at": self.started_at,
+            "pg_timeout_s": self.pg_timeout_s,
             "updated_at": now,
             "finished": self._finished,
             "failed": self._failed,
@@ -467,6 +471,37 @@ def _wrap_collectives(integration: Integration) -> None:
         setattr(dist, name, make(original, name))
 
 
+def _watch_init(integration: Integration) -> None:
+    """Record the timeout the job's default process group runs with (its ``timeout=`` or the
+    backend's default, torch.distributed.constants: 10 min for NCCL where the constant exists,
+    else 30 min)."""
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+    if getattr(original, "_fleetwatch", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        integration.pg_timeout_s = _pg_timeout_s(kwargs.get("timeout"), kwargs, args)
+        return result
+
+    init_process_group._fleetwatch = True
+    dist.init_process_group = init_process_group
+
+
+def _pg_timeout_s(timeout, kwargs: dict, args: tuple) -> float | None:
+    if timeout is not None:
+        return timeout.total_seconds()
+    from torch.distributed import constants
+
+    backend = str(kwargs.get("backend") or (args[0] if args else "")).lower()
+    default = getattr(constants, "default_pg_nccl_timeout", None) if "nccl" in backend else None
+    default = default or constants.default_pg_timeout
+    return default.total_seconds() if default is not None else None
+
+
 def _hook_exceptions(integration: Integration) -> None:
     previous = sys.excepthook
 
@@ -522,6 +557,7 @@ def install(
     )
     if dist is not None:
         _wrap_collectives(integration)
+        _watch_init(integration)
     _hook_exceptions(integration)
     integration.report_attempt("start")
     integration.start()

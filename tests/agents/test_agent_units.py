@@ -259,3 +259,41 @@ def test_ib_port_counters_are_read_from_sysfs_and_absence_is_reported(tmp_path):
     parsed = parse_artifact(_doc(nic), kind="hw_stats", source="hw.json")
     (event,) = parsed.events
     assert event.kind == "nic_health" and event.symbol_error == 7 and event.device == "mlx5_0"
+
+
+@pytest.mark.parametrize(
+    ("pg_timeout_s", "silent_s", "dumped"),
+    [(6.0, 4.0, True), (None, 4.0, False), (6.0, 2.0, False)],
+)
+def test_a_silent_rank_is_dumped_at_half_its_process_groups_timeout(
+    tmp_path, pg_timeout_s, silent_s, dumped
+):
+    """A fixed 30 s stall trigger never fired before a 6 s collective timeout; with the job's
+    timeout in its heartbeat the agent asks at half of it, and never sooner."""
+    from agents.agent import Agent
+
+    config = load_config(
+        environ={},
+        spool_dir=str(tmp_path / "spool"),
+        run_dir=str(tmp_path / "run"),
+        kernel_logs=(),
+        ib_sysfs=str(tmp_path / "no-ib"),
+    )
+    agent = Agent(config, clock=lambda: 1000.0)
+    agent.heartbeats = [
+        {
+            "job": "j",
+            "attempt": 0,
+            "rank": 1,
+            "pid": os.getpid(),
+            "steps": 40,
+            "median_step_s": 0.05,
+            "last_step_at": 1000.0 - silent_s,
+            "finished": False,
+            "pg_timeout_s": pg_timeout_s,
+        }
+    ]
+    asked = []
+    agent.request_dump = lambda beat: asked.append(beat["rank"]) or True
+    agent._check_stalls(1000.0)
+    assert bool(asked) == dumped

@@ -48,3 +48,12 @@ def test_the_integration_sets_flight_recorder_variables_the_running_torch_does_n
     assert logs
     for path in logs:
         assert "is deprecated; use TORCH_FR" not in path.read_text(errors="replace"), path
+
+
+def test_the_heartbeats_carry_the_process_groups_timeout_the_job_set():
+    # train.py calls init_process_group(timeout=6 s): the agent's stall trigger reads it.
+    import json
+
+    beats = [p for d in matrix_runs().values() for p in d.rglob("run/progress/*.json")]
+    assert beats
+    assert {json.loads(p.read_text()).get("pg_timeout_s") for p in beats} == {6.0}
