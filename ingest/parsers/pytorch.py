@@ -101,6 +101,7 @@ _MISMATCH_FIRST = re.compile(
 )
 
 MAX_FRAMES = 24
+WRAP_LINES = 3  # a wrapped watchdog line is joined over at most this many following lines
 
 
 def _int(value: str | None) -> int | None:
@@ -127,6 +128,30 @@ class PytorchParser:
     def __init__(self) -> None:
         self._stack: list[str] | None = None
         self._stack_head: tuple[Line, int | None] | None = None
+        # A watchdog line wrapped over several lines by a terminal or a paste: its start, the
+        # text joined so far and how many more lines may complete it.
+        self._wrapped: tuple[Line, Prefix, str, int] | None = None
+
+    def _timeout(self, line: Line, pre: Prefix, text: str, follow) -> list[Event]:
+        m = _WATCHDOG.search(text)
+        fields = {k: v for k, v in _KV.findall(m.group("body"))}
+        pg, pg_rank = self._pg(text)
+        follow(DESYNC_FOLLOW)
+        return [
+            WatchdogTimeout(
+                line=line.number,
+                text=line.text if text == pre.rest else text[:2000],
+                rank=self._rank(pre, line.text, pg, pg_rank),
+                pg=pg,
+                pg_rank=pg_rank,
+                seq=_int(fields.get("SeqNum")),
+                op=fields.get("OpType", "").strip(),
+                numel_in=_int(fields.get("NumelIn")),
+                numel_out=_int(fields.get("NumelOut")),
+                timeout_ms=_int(fields.get("Timeout")),
+                ran_for_ms=_int(m.group("ran")),
+            )
+        ]
 
     def _pg(self, text: str) -> tuple[str | None, int | None]:
         m = _PG_TAG.search(text)
@@ -149,6 +174,17 @@ class PytorchParser:
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest
         out: list[Event] = []
+        if self._wrapped is not None:
+            first, first_pre, joined, left = self._wrapped
+            self._wrapped = None
+            starts_anew = "Watchdog caught" in text
+            joined = f"{joined} {text.strip()}"
+            if not starts_anew and _WATCHDOG.search(joined):
+                return self._timeout(first, first_pre, joined, follow)
+            if not starts_anew and left > 1 and "ran for" not in joined:
+                self._wrapped = (first, first_pre, joined, left - 1)
+                follow(1)
+            # Not (yet) completed: the line is read for what it says itself as well.
         if self._stack is not None:
             m = _FRAME.match(text.strip())
             if m and len(self._stack) < MAX_FRAMES:
@@ -156,28 +192,13 @@ class PytorchParser:
                 follow(1)
                 return out
             out.extend(self.flush())
-        if "WorkNCCL(" in text:
-            m = _WATCHDOG.search(text)
-            if m:
-                fields = {k: v for k, v in _KV.findall(m.group("body"))}
-                pg, pg_rank = self._pg(text)
-                out.append(
-                    WatchdogTimeout(
-                        line=line.number,
-                        text=line.text,
-                        rank=self._rank(pre, line.text, pg, pg_rank),
-                        pg=pg,
-                        pg_rank=pg_rank,
-                        seq=_int(fields.get("SeqNum")),
-                        op=fields.get("OpType", "").strip(),
-                        numel_in=_int(fields.get("NumelIn")),
-                        numel_out=_int(fields.get("NumelOut")),
-                        timeout_ms=_int(fields.get("Timeout")),
-                        ran_for_ms=_int(m.group("ran")),
-                    )
-                )
-                follow(DESYNC_FOLLOW)
-                return out
+        if "WorkNCCL(" in text and _WATCHDOG.search(text):
+            return out + self._timeout(line, pre, text, follow)
+        if "Watchdog caught collective operation timeout" in text and "ran for" not in text:
+            # Wrapped: "…timeout:" / "WorkNCCL(SeqNum=…)" / "ran for N milliseconds…".
+            self._wrapped = (line, pre, text.rstrip(), WRAP_LINES)
+            follow(1)
+            return out
         m = _PROGRESS.search(text) if "last enqueued" in text else None
         if m:
             pg, pg_rank = self._pg(text)

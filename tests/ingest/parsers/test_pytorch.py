@@ -214,3 +214,29 @@ def test_collective_mismatches_name_both_ranks(era, line, expected):
     (event,) = events(line, "collective_mismatch")
     for name, value in expected.items():
         assert getattr(event, name) == value, name
+
+
+def test_a_watchdog_line_wrapped_over_three_lines_is_one_timeout():
+    text = (
+        "[rank1]:[E ... ProcessGroupNCCL.cpp:689] [Rank 1] Watchdog caught collective operation "
+        "timeout:\nWorkNCCL(SeqNum=34036, OpType=ALLGATHER, NumelIn=8, NumelOut=64, "
+        "Timeout(ms)=5400000)\nran for 5400073 milliseconds before timing out.\n"
+    )
+    (timeout,) = [e for e in parse_log(text.encode()).events if e.kind == "watchdog_timeout"]
+    assert (timeout.rank, timeout.seq, timeout.op, timeout.timeout_ms) == (
+        1,
+        34036,
+        "ALLGATHER",
+        5400000,
+    )
+
+
+def test_a_cut_watchdog_line_does_not_swallow_the_next_timeout():
+    text = (
+        "[Rank 11] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=52, OpType=ALLRE\n"
+        "[E ProcessGroupNCCL.cpp:737] [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=56693, OpType=BROADCAST, Timeout(ms)=1800000) ran for 1804371 "
+        "milliseconds before timing out.\n"
+    )
+    timeouts = [e for e in parse_log(text.encode()).events if e.kind == "watchdog_timeout"]
+    assert [(t.rank, t.seq) for t in timeouts] == [(3, 56693)]
