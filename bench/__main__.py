@@ -10,7 +10,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import accuracy, crossrank, diagnosis
+from . import accuracy, crossrank, diagnosis, matrix
 from . import agent as agent_bench
 from . import fleet as fleet_bench
 from . import load as load_bench
@@ -20,7 +20,7 @@ from .report import machine, markdown, scenario
 MIB = 1 << 20
 
 
-SCENARIOS = ("accuracy", "diagnosis", "crossrank", "agent", "fleet", "load")
+SCENARIOS = ("accuracy", "diagnosis", "crossrank", "agent", "matrix", "fleet", "load")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             "accuracy": lambda: accuracy.run(quick=args.quick, say=say),
             "crossrank": lambda: crossrank.run(work, quick=args.quick, say=say),
             "agent": lambda: agent_bench.run(work, quick=args.quick, say=say),
+            "matrix": lambda: matrix.run(work, quick=args.quick, say=say),
             "fleet": lambda: fleet_bench.run(work, quick=args.quick, say=say),
             "load": lambda: load_bench.run(work, quick=args.quick, say=say, details=load_details),
         }
