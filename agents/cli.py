@@ -3,7 +3,7 @@
 fleetwatch-agent run [--config FILE]          follow, spool and upload until SIGTERM
 fleetwatch-agent once [--config FILE]         one collection pass, then upload what it can
 fleetwatch-agent report-attempt --job J --event start|end [--status S] [--rank N …]
-fleetwatch-agent status                       what the spool holds and has dropped
+fleetwatch-agent status                       what the spool holds (per job) and has dropped
 """
 
 from __future__ import annotations
@@ -90,6 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         spool = Spool(config.spool_dir, max_bytes=config.spool_max_bytes)
         items, size = spool.usage()
         state = spool.state()
+        # What is waiting, per job and attempt: whose evidence is queued behind whose.
+        by_job: dict[str, dict[str, int]] = {}
+        for item in spool.items():
+            job = str(item.header.get("job") or "(attempt reports)")
+            key = f"{job}#{int(item.header.get('attempt') or 0)}"
+            row = by_job.setdefault(key, {"items": 0, "bytes": 0})
+            row["items"] += 1
+            row["bytes"] += item.size
         print(
             json.dumps(
                 {
@@ -98,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     "dropped_items": state.dropped_items,
                     "dropped_bytes": state.dropped_bytes,
                     "rejected": state.extra.get("rejected", 0),
+                    "by_job": dict(sorted(by_job.items())),
                 }
             )
         )

@@ -297,3 +297,26 @@ def test_a_silent_rank_is_dumped_at_half_its_process_groups_timeout(
     agent.request_dump = lambda beat: asked.append(beat["rank"]) or True
     agent._check_stalls(1000.0)
     assert bool(asked) == dumped
+
+
+def test_status_says_what_the_spool_holds_for_each_job(tmp_path, monkeypatch, capsys):
+    from agents.cli import main
+
+    spool = Spool(tmp_path / "spool")
+    for job, n in (("job-a", 2), ("job-b", 1)):
+        for i in range(n):
+            spool.put(
+                records.upload_header(
+                    host="h", job=job, attempt=0, rank=i, kind="log", filename=f"rank{i}.log"
+                ),
+                b"x" * 100,
+            )
+    spool.put(records.attempt_header(job="job-a", attempt=0, event="start"), b"{}")
+    monkeypatch.setenv("FLEETWATCH_SPOOL_DIR", str(tmp_path / "spool"))
+    assert main(["status"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["items"] == 4
+    assert {job: row["items"] for job, row in status["by_job"].items()} == {
+        "job-a#0": 3,
+        "job-b#0": 1,
+    }
