@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -118,7 +120,16 @@ def to_json(verdict, similar=()) -> dict:
     }
 
 
+def _quiet_broken_pipe() -> None:
+    """``fleetwatch eval | head``: a reader that stops early ends the command quietly, as other
+    command-line tools do, instead of a BrokenPipeError traceback."""
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the console script, not a test calling main([...])
+        _quiet_broken_pipe()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "probe":
         # The collective health probe lives with the agent (torch.distributed, no Django).
