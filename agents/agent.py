@@ -89,6 +89,7 @@ class Agent:
         self.ib_ports = IbPorts(config.ib_sysfs)
         self.next_stats = 0.0
         self.pending_records: list[dict] = []
+        self.unattributed: set[str] = set()
 
     # --- recovery ------------------------------------------------------------------------------
 
@@ -265,9 +266,30 @@ class Agent:
 
     # --- collectors ----------------------------------------------------------------------------
 
+    def _owner_of(self, path: str) -> tuple[str, int, int | None] | None:
+        """The job and rank whose process writes its output to this file (the integration's
+        heartbeat names the files behind its stdout and stderr)."""
+        real = os.path.realpath(path)
+        for beat in self.heartbeats:
+            if real in (beat.get("outputs") or ()):
+                rank = beat.get("rank")
+                return beat["job"], int(beat.get("attempt") or 0), rank
+        return None
+
+    def _ambiguous(self) -> bool:
+        """More than one job is running here and the configuration names none: a file that
+        neither its path nor a heartbeat ties to a job cannot be given the newest job's name."""
+        return not self.config.job and len(self.active_jobs()) > 1
+
     def _job_of_path(self, path: str) -> tuple[str, int, int | None] | None:
         match = self.path_pattern.search(path) if self.path_pattern else None
         groups = match.groupdict() if match else {}
+        if not groups.get("job"):
+            owner = self._owner_of(path)
+            if owner is not None:
+                return owner
+            if self._ambiguous():
+                return None
         current = self.current_job()
         job = groups.get("job") or (current[0] if current else None)
         if job is None:
@@ -285,6 +307,14 @@ class Agent:
             return  # nothing to attribute lines to yet: leave them in the files
         chunks = self.follower.poll(now, final=final)
         for chunk in chunks:
+            if self._job_of_path(chunk.path) is None:
+                # Not attributable yet (two jobs here, nothing names this file's): read it
+                # again later rather than ship it under a guessed job or lose it.
+                self.follower.rewind(chunk)
+                if chunk.path not in self.unattributed:
+                    self.unattributed.add(chunk.path)
+                    log.warning("%s: no job to attribute it to yet; holding it", chunk.path)
+                continue
             self._spool_chunk(chunk)
         if chunks:
             self.spool.save_extra("logs", self.follower.offsets())
@@ -390,6 +420,8 @@ class Agent:
         for entry, stamp in self._settled_files(self.config.trace_dirs, now, final):
             if not entry.name.endswith((".json", ".json.gz")):
                 continue
+            if self._ambiguous():
+                break  # two jobs here: a trace names neither; taken when one is left
             m = RANK_IN_NAME.search(entry.name)
             rank = int(m.group(1)) if m else None
             body, filename = None, entry.name

@@ -93,6 +93,13 @@ class Follower:
             chunks.extend(self._poll_one(path, now, final or path not in present))
         return chunks
 
+    def rewind(self, chunk: Chunk) -> None:
+        """Read ``chunk`` again on the next poll (it could not be attributed yet)."""
+        followed = self.files.get(chunk.path)
+        if followed is not None and (followed.dev, followed.ino) == (chunk.dev, chunk.ino):
+            followed.offset = min(followed.offset, chunk.start)
+            followed.waiting_since = None
+
     def close(self) -> None:
         for followed in self.files.values():
             if followed.fd is not None:

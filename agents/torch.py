@@ -110,6 +110,10 @@ class Integration:
         # The default process group's collective timeout once init_process_group ran: the agent
         # asks for a Flight Recorder dump of a silent rank before the watchdog fires at it.
         self.pg_timeout_s: float | None = None
+        # Where this rank's stdout and stderr go (torchrun's redirects, the recipe's
+        # `> logs/rank$RANK.log`): the agent attributes those files to this job and rank even
+        # when two jobs write into one directory.
+        self.outputs = _output_files()
         # Written by the training thread, read by the background thread: plain attributes and
         # a deque whose append and copy are each atomic under the GIL.
         self.steps = 0
@@ -243,6 +247,7 @@ class Integration:
             "recent_step_s": list(durations)[-16:],
             "started_at": self.started_at,
             "pg_timeout_s": self.pg_timeout_s,
+            "outputs": self.outputs,
             "updated_at": now,
             "finished": self._finished,
             "failed": self._failed,
@@ -469,6 +474,18 @@ def _wrap_collectives(integration: Integration) -> None:
             return wrapper
 
         setattr(dist, name, make(original, name))
+
+
+def _output_files() -> list[str]:
+    out = []
+    for fd in (1, 2):
+        try:
+            path = os.path.realpath(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if os.path.isfile(path) and path not in out:
+            out.append(path)
+    return out
 
 
 def _watch_init(integration: Integration) -> None:

@@ -320,3 +320,50 @@ def test_status_says_what_the_spool_holds_for_each_job(tmp_path, monkeypatch, ca
         "job-a#0": 3,
         "job-b#0": 1,
     }
+
+
+def test_two_jobs_writing_into_one_directory_each_get_their_own_logs(tmp_path):
+    """Each rank's heartbeat names the file behind its stdout; a file nothing ties to a job is
+    held while two jobs run here, never shipped under the newest job's name."""
+    import time as clock
+
+    from agents.agent import Agent
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("a0.log", "b0.log", "stray.log"):
+        (logs / name).write_text(f"{name} line\n")
+    progress = tmp_path / "run" / "progress"
+    progress.mkdir(parents=True)
+    now = clock.time()
+    for job, name in (("job-a", "a0.log"), ("job-b", "b0.log")):
+        (progress / f"{job}.0.0.json").write_text(
+            json.dumps(
+                {
+                    "job": job,
+                    "attempt": 0,
+                    "rank": 0,
+                    "pid": os.getpid(),
+                    "updated_at": now,
+                    "outputs": [str((logs / name).resolve())],
+                }
+            )
+        )
+    config = load_config(
+        environ={},
+        spool_dir=str(tmp_path / "spool"),
+        run_dir=str(tmp_path / "run"),
+        logs=(str(logs / "*.log"),),
+        kernel_logs=(),
+        ib_sysfs=str(tmp_path / "no-ib"),
+        log_flush_s=0.0,
+    )
+    agent = Agent(config)
+    agent.scan_heartbeats(now)
+    agent.collect_logs(now, final=True)
+    shipped = {
+        (i.header["job"], i.header["source"].rsplit("/", 1)[-1])
+        for i in Spool(tmp_path / "spool").items()
+    }
+    assert shipped == {("job-a", "a0.log"), ("job-b", "b0.log")}
+    assert str(logs / "stray.log") in agent.unattributed

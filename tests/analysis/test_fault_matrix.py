@@ -57,3 +57,14 @@ def test_the_heartbeats_carry_the_process_groups_timeout_the_job_set():
     beats = [p for d in matrix_runs().values() for p in d.rglob("run/progress/*.json")]
     assert beats
     assert {json.loads(p.read_text()).get("pg_timeout_s") for p in beats} == {6.0}
+
+
+def test_each_ranks_heartbeat_names_the_log_its_output_goes_to():
+    # What lets an agent attribute rank logs when two jobs write into one directory.
+    import json
+
+    for outdir in matrix_runs().values():
+        for beat_path in outdir.rglob("run/progress/*.json"):
+            beat = json.loads(beat_path.read_text())
+            host_dir = beat_path.parents[3]
+            assert beat["outputs"] == [str((host_dir / f"rank{beat['rank']}.log").resolve())]
