@@ -37,6 +37,7 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "rank_crashed_first": ("job_family_weak",),
     "collective_mismatch": ("job_family",),
     "watchdog_op_mismatch": ("job_family",),
+    "watchdog_seq_spread": ("job_family",),
     "network_errors": ("network_hosts",),
     "known_library_bug": ("versions",),
     "known_network_issue": ("signature_hosts",),
@@ -81,6 +82,8 @@ BASIS: dict[str, str] = {
     "ProcessGroupWrapper)",
     "watchdog_op_mismatch": f"{_C10D}: seqCollective_ numbers each group's collectives in issue "
     "order (p2p on its own counter since 2.4)",
+    "watchdog_seq_spread": f"{_C10D}: seqCollective_ per group in issue order; one call site "
+    "reached at different seqs means different numbers of prior collectives",
     "network_errors": "libibverbs ibv_wc_status codes; NCCL net_ib/socket WARN strings",
     "known_library_bug": "ingest/parsers/known_issues.json entries (release notes, issues)",
     "known_network_issue": "ingest/parsers/known_issues.json entries (NCCL docs, issues)",

@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.10"
+RULESET_VERSION = "2026.11.11"
 NAME_THRESHOLD = 0.5
 
 
@@ -396,6 +396,43 @@ def _short(ranks: list[int]) -> str:
     )
 
 
+def _watchdog_seq_spread(f: Facts) -> Match | None:
+    """Ranks of one group timed out in the same collective call (op and size) at different
+    SeqNums: they had issued different numbers of collectives before it (ranks that ran
+    different numbers of steps, an extra or skipped collective), so NCCL paired different calls
+    of different ranks. Each group numbers its collectives in issue order (``seqCollective_``), so
+    ranks running one program reach a call at the same seq. One timed-out seq per rank only:
+    a rank reporting several works says several groups share unlabelled lines."""
+    per_rank: dict[tuple[str, int], set] = defaultdict(set)
+    for t in f.timeouts:
+        if t.rank is None or t.seq is None or t.op not in SAME_SIZE_OPS:
+            continue
+        labelled = t.pg is not None or f.group_of(t) != DEFAULT_PG
+        per_rank[(f.group_of(t) if labelled else "?", t.rank)].add((t.seq, t.op, t.numel_in))
+    groups: dict[str, dict[int, tuple]] = defaultdict(dict)
+    for (pg, rank), works in per_rank.items():
+        if len(works) == 1:
+            groups[pg][rank] = next(iter(works))
+    for _pg, ranks in sorted(groups.items()):
+        by_call: dict[tuple, dict[int, int]] = defaultdict(dict)
+        for rank, (seq, op, numel) in ranks.items():
+            by_call[(op, numel)][rank] = seq
+        for (op, _numel), seq_of in sorted(by_call.items(), key=lambda kv: -len(kv[1])):
+            seqs = set(seq_of.values())
+            if len(seq_of) < 2 or len(seqs) < 2:
+                continue
+            low, high = min(seqs), max(seqs)
+            return Match(
+                summary=(
+                    f"{len(seq_of)} ranks timed out in the same {op} at different SeqNums "
+                    f"({low}–{high}): they had issued different numbers of collectives before "
+                    "it (different step counts, an extra or skipped collective)"
+                ),
+                evidence=cite([t for t in f.timeouts if t.seq in seqs], "seq_spread"),
+            )
+    return None
+
+
 def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
     limit_s = f.timeout_seconds()
     if not limit_s or not f.timeouts:
@@ -701,6 +738,19 @@ RULES: tuple[Rule, ...] = (
         "logging or checkpoint code, early exits, data-dependent skips); "
         "TORCH_DISTRIBUTED_DEBUG=DETAIL names the call sites.",
         _watchdog_mismatch,
+        marks_failure=True,
+    ),
+    Rule(
+        "watchdog_seq_spread",
+        "Ranks of one group timed out in the same collective call at different SeqNums",
+        ("watchdog_timeout",),
+        "rank_desync_code",
+        0.7,
+        "Make every rank run the same number of steps and collectives: seed any random dataset "
+        "split (train_test_split(..., seed=...), numpy and random seeds), shard with "
+        "DistributedSampler(drop_last=True), and keep collectives out of rank- or "
+        "data-dependent branches.",
+        _watchdog_seq_spread,
         marks_failure=True,
     ),
     Rule(

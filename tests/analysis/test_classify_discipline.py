@@ -217,3 +217,18 @@ def test_two_ranks_on_one_gpu_is_the_launch_layout():
     verdict = verdict_of(text)
     assert verdict.culprit == "parallelism_config"
     assert "LOCAL_RANK" in verdict.fix
+
+
+def test_ranks_timing_out_in_one_call_at_different_seqnums_ran_different_step_counts():
+    text = "".join(
+        watchdog(r, seq, "_ALLGATHER_BASE", 262675456)
+        for r, seq in ((0, 28178), (1, 28151), (2, 28202))
+    )
+    verdict = verdict_of(text)
+    assert verdict.culprit == "rank_desync_code"
+    assert "watchdog_seq_spread" in verdict.rule_ids
+
+
+def test_ranks_timing_out_in_one_call_at_one_seqnum_show_no_spread():
+    text = "".join(watchdog(r, 28178, "_ALLGATHER_BASE", 262675456) for r in range(3))
+    assert "watchdog_seq_spread" not in verdict_of(text).rule_ids

@@ -23,9 +23,6 @@ CASES = sorted(p for p in ROOT.iterdir() if (p / "expected.json").exists()) if R
 KNOWN_MISSES: dict[str, tuple[str, int | None]] = {
     "1_fsdp_rank0_logging-b": ("storage_io", None),
     "1_fsdp_rank0_logging-c": ("rank_desync_code", 0),
-    "2_unseeded_split-a": ("unknown", None),
-    "2_unseeded_split-b": ("unknown", 0),
-    "2_unseeded_split-c": ("unknown", 0),
     "3_clip_old_cuda_csv-a": ("oom_or_crash", None),
     "3_clip_old_cuda_csv-b": ("unknown", None),
     "3_clip_old_cuda_csv-c": ("unknown", None),

@@ -10,7 +10,11 @@ from analysis.models import Incident
 # One row per ruleset version: a change to any rule's culprit, strength, fix, needs, failure
 # marking, implications or basis changes the hash, and needs a new version (and a re-run of
 # `fleetwatch eval --split dev --calibrate`).
-PINNED = {"2026.11.9": "3e139840f62b6274", "2026.11.10": "3e139840f62b6274"}
+PINNED = {
+    "2026.11.9": "3e139840f62b6274",
+    "2026.11.10": "3e139840f62b6274",
+    "2026.11.11": "09676a753053a5fd",
+}
 
 HOW = re.compile(
     r"^(hardware_hosts|network_hosts|socket_racks|stall_mounts|signature_hosts|suspect_hosts|"
