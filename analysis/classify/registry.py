@@ -38,6 +38,7 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "collective_mismatch": ("job_family",),
     "watchdog_op_mismatch": ("job_family",),
     "watchdog_seq_spread": ("job_family",),
+    "stack_waits_on_data": ("suspect_hosts", LOADER_KEYS),
     "network_errors": ("network_hosts",),
     "known_library_bug": ("versions",),
     "known_network_issue": ("signature_hosts",),
@@ -84,6 +85,8 @@ BASIS: dict[str, str] = {
     "order (p2p on its own counter since 2.4)",
     "watchdog_seq_spread": f"{_C10D}: seqCollective_ per group in issue order; one call site "
     "reached at different seqs means different numbers of prior collectives",
+    "stack_waits_on_data": "py-spy dump / faulthandler: the rank's main thread blocked in a "
+    "queue get under torch.utils.data's DataLoader (or a trainer's data iterator)",
     "network_errors": "libibverbs ibv_wc_status codes; NCCL net_ib/socket WARN strings",
     "known_library_bug": "ingest/parsers/known_issues.json entries (release notes, issues)",
     "known_network_issue": "ingest/parsers/known_issues.json entries (NCCL docs, issues)",

@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.11"
+RULESET_VERSION = "2026.11.12"
 NAME_THRESHOLD = 0.5
 
 
@@ -218,6 +218,9 @@ def _is_timeout_exception(e) -> bool:
             "nccl communicator",
             "keyboardinterrupt",
             "childfailederror",
+            # torch.distributed.launch (<= 1.9) reports a worker's non-zero exit this way: the
+            # launcher's summary of a failure, never the failure itself.
+            "calledprocesserror",
             "signalexception",
             "aborted",
         )
@@ -431,6 +434,32 @@ def _watchdog_seq_spread(f: Facts) -> Match | None:
                 evidence=cite([t for t in f.timeouts if t.seq in seqs], "seq_spread"),
             )
     return None
+
+
+def _stack_waits_on_data(f: Facts) -> Match | None:
+    """A rank's own stack dump (py-spy, faulthandler) shows its main thread blocked waiting for
+    its next batch while the job failed: it is the rank the others waited for, held up by its
+    input pipeline."""
+    if not f.failed:
+        return None
+    waiting = [s for s in f.of("stack_sample") if s.waits_on_data and s.rank is not None]
+    if not waiting:
+        return None
+    ranks = sorted({s.rank for s in waiting})
+    return Match(
+        summary=(
+            f"rank {_short(ranks)} was blocked waiting for its next batch when its stack was "
+            f"dumped ({waiting[0].frames[0]} under {_data_frame(waiting[0].frames)})"
+        ),
+        evidence=cite(waiting, "stack_in_dataloader"),
+        suspects=tuple(
+            Suspect("rank", str(r), "its stack waits on its DataLoader") for r in ranks[:8]
+        ),
+    )
+
+
+def _data_frame(frames: tuple[str, ...]) -> str:
+    return next((f for f in frames if "data" in f and "queue.py" not in f), frames[-1])
 
 
 def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
@@ -752,6 +781,18 @@ RULES: tuple[Rule, ...] = (
         "data-dependent branches.",
         _watchdog_seq_spread,
         marks_failure=True,
+    ),
+    Rule(
+        "stack_waits_on_data",
+        "A rank's stack dump shows its main thread waiting for its next batch",
+        ("stack_sample",),
+        "dataloader_cpu",
+        # Direct evidence of where the rank was: it outranks the silent-rank reading (0.7).
+        0.75,
+        "Feed that rank's input pipeline: enough DataLoader workers for the host's cores (keep "
+        "num_workers × GPU processes per host ≤ cores), persistent_workers=True, pre-processed "
+        "data on fast local storage; look at that host for CPU, memory or I/O contention.",
+        _stack_waits_on_data,
     ),
     Rule(
         "network_errors",

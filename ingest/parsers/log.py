@@ -23,6 +23,7 @@ from .prefix import split_prefix
 from .progress import TrainerProgressParser
 from .pytorch import PytorchParser
 from .signatures import SignatureParser
+from .stacks import StackParser
 
 # Head triggers (settings printed at start-up) are looked for in this many first bytes of a file;
 # the global triggers everywhere. See LineScanner.
@@ -54,6 +55,7 @@ def default_parsers() -> list[LineParser]:
         ConfigParser(),
         SignatureParser(),
         TrainerProgressParser(),
+        StackParser(),
     ]
 
 

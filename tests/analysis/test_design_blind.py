@@ -23,10 +23,8 @@ CASES = sorted(p for p in ROOT.iterdir() if (p / "expected.json").exists()) if R
 KNOWN_MISSES: dict[str, tuple[str, int | None]] = {
     "1_fsdp_rank0_logging-b": ("storage_io", None),
     "1_fsdp_rank0_logging-c": ("rank_desync_code", 0),
-    "3_clip_old_cuda_csv-a": ("oom_or_crash", None),
     "3_clip_old_cuda_csv-b": ("unknown", None),
     "3_clip_old_cuda_csv-c": ("unknown", None),
-    "5_asr_socket_dataloader-b": ("rank_desync_code", 2),
 }
 
 

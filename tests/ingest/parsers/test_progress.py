@@ -51,3 +51,31 @@ def test_a_long_run_keeps_each_ranks_first_and_last_steps_only():
 
 def test_lines_that_only_mention_time_in_prose_are_not_steps():
     assert steps("Training time: the data_time column is explained in the docs\n") == []
+
+
+def stacks(text: str):
+    return [e for e in parse_log(text.encode()).events if e.kind == "stack_sample"]
+
+
+def test_a_py_spy_dump_of_a_rank_blocked_in_its_dataloader_waits_on_data():
+    (stack,) = stacks(
+        'Thread 47731 (idle): "MainThread"\n'
+        "    select (selectors.py:415)\n"
+        "    wait (multiprocessing/connection.py:931)\n"
+        "    get (multiprocessing/queues.py:107)\n"
+        "    _try_get_data (torch/utils/data/dataloader.py:1132)\n"
+        "    __next__ (torch/utils/data/dataloader.py:634)\n"
+        "    training_step (train.py:88)\n"
+        'Thread 47790 (idle): "pin_memory"\n'
+    )
+    assert stack.waits_on_data and stack.frames[0] == "select (selectors.py)"
+
+
+def test_a_faulthandler_dump_in_a_collective_does_not_wait_on_data():
+    (stack,) = stacks(
+        "Current thread 0x00007f3a2b4c1740 (most recent call first):\n"
+        '  File "/venv/torch/distributed/distributed_c10d.py", line 2050 in all_reduce\n'
+        '  File "/work/train.py", line 120 in train_step\n'
+        '  File "/work/train.py", line 200 in <module>\n'
+    )
+    assert not stack.waits_on_data and len(stack.frames) == 3
