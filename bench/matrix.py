@@ -65,29 +65,11 @@ def _job_of(outdir: Path) -> str:
 
 def _ship(outdir: Path, server: str, key: str) -> tuple[float, bool]:
     """Both hosts' agents ship what the job left; (when the last item was sent, all drained)."""
-    from agents.agent import Agent
-    from agents.config import load_config
+    from tests.torchjobs.matrix_runs import host_agent
 
     drained = True
     for host in HOSTS:
-        root = outdir / host
-        config = load_config(
-            environ={},
-            server=server,
-            key=key,
-            host=host,
-            job=_job_of(outdir),
-            attempt=0,
-            spool_dir=str(root / "fleetwatch" / "spool"),
-            run_dir=str(root / "fleetwatch" / "run"),
-            logs=(str(root / "rank*.log"), str(root / "torchrun.log")),
-            kernel_logs=(),
-            ib_sysfs=str(root / "no-infiniband"),
-            stats_interval_s=3600.0,
-            backoff_base_s=0.2,
-            backoff_max_s=1.0,
-        )
-        drained &= Agent(config).flush(timeout_s=120)
+        drained &= host_agent(outdir, host, server, key).flush(timeout_s=120)
     return time.time(), drained
 
 

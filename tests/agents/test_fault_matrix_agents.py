@@ -9,45 +9,17 @@ spool, its run directory, the logs): the same collectors and upload path as an a
 beside the job, without tying the assertions to the timing of a live follow.
 """
 
-import dataclasses
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
 
-from agents.agent import Agent
-from agents.config import load_config
-from tests.torchjobs.matrix_runs import expected, job_id, matrix_runs
+from tests.torchjobs.matrix_runs import expected, host_agent, job_id, matrix_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 HOSTS = ("host-a", "host-b")
 # fault -> (class it gets today, first rank it suspects); the same miss as the pure test's.
 KNOWN_MISSES = {"loader_starved_start": ("unknown", 2)}
-
-
-def host_agent(outdir: Path, host: str, server: str, key: str) -> Agent:
-    root = outdir / host
-    config = load_config(
-        environ={},
-        server=server,
-        key=key,
-        host=host,
-        job=job_id(outdir),  # files that name no job belong to the job that ran here
-        attempt=0,
-        spool_dir=str(root / "fleetwatch" / "spool"),
-        run_dir=str(root / "fleetwatch" / "run"),
-        logs=(str(root / "rank*.log"), str(root / "torchrun.log")),
-        kernel_logs=(),
-        ib_sysfs=str(root / "no-infiniband"),
-        poll_s=0.2,
-        log_flush_s=0.2,
-        stats_interval_s=3600.0,
-        backoff_base_s=0.2,
-        backoff_max_s=1.0,
-    )
-    return Agent(dataclasses.replace(config))
 
 
 def rank_and_host_suspects(incident) -> tuple[list[int], set[str]]:

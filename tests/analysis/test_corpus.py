@@ -10,21 +10,11 @@ import json
 
 import pytest
 
+from analysis.classify.model import CULPRITS
 from analysis.corpus import CASES, cases_on, hashed_side, load_cases, load_split, side_of
 from analysis.corpus.evaluate import evaluate, one_rank, past_head, shift_clock, shuffle_ranks
 
-VOCABULARY = {
-    "bad_node_hardware",
-    "network_transport",
-    "storage_io",
-    "dataloader_cpu",
-    "rank_desync_code",
-    "parallelism_config",
-    "oom_or_crash",
-    "timeout_too_short",
-    "software_version",
-    "unknown",
-}
+VOCABULARY = set(CULPRITS)
 
 
 def test_every_case_has_its_log_a_label_from_the_vocabulary_and_a_source():

@@ -69,3 +69,33 @@ def artifact_files(outdir: Path) -> list[Path]:
 def job_id(outdir: Path) -> str:
     """The job as the torch integration names it: torchelastic's run id."""
     return "elastic:" + json.loads((outdir / "harness.json").read_text())["job_id"]
+
+
+def host_agent(outdir: Path, host: str, server: str, key: str):
+    """The fleetwatch-agent of one simulated host of a matrix job, run after the job ended over
+    what it left there: its logs, the integration's spool and run directory (Flight Recorder
+    dumps, heartbeats)."""
+    from agents.agent import Agent
+    from agents.config import load_config
+
+    root = outdir / host
+    return Agent(
+        load_config(
+            environ={},
+            server=server,
+            key=key,
+            host=host,
+            job=job_id(outdir),  # files that name no job belong to the job that ran here
+            attempt=0,
+            spool_dir=str(root / "fleetwatch" / "spool"),
+            run_dir=str(root / "fleetwatch" / "run"),
+            logs=(str(root / "rank*.log"), str(root / "torchrun.log")),
+            kernel_logs=(),
+            ib_sysfs=str(root / "no-infiniband"),
+            poll_s=0.2,
+            log_flush_s=0.2,
+            stats_interval_s=3600.0,
+            backoff_base_s=0.2,
+            backoff_max_s=1.0,
+        )
+    )

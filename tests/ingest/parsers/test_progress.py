@@ -75,7 +75,7 @@ def test_a_faulthandler_dump_in_a_collective_does_not_wait_on_data():
     (stack,) = stacks(
         "Current thread 0x00007f3a2b4c1740 (most recent call first):\n"
         '  File "/venv/torch/distributed/distributed_c10d.py", line 2050 in all_reduce\n'
-        '  File "/work/train.py", line 120 in train_step\n'
-        '  File "/work/train.py", line 200 in <module>\n'
+        '  File "/home/user/train.py", line 120 in train_step\n'
+        '  File "/home/user/train.py", line 200 in <module>\n'
     )
     assert not stack.waits_on_data and len(stack.frames) == 3
