@@ -26,6 +26,19 @@ def _pg_key(pg: str | None) -> str:
     return DEFAULT_PG if pg in (None, "", "0", "default_pg") else pg
 
 
+# A collective timeout raised as an exception rather than reported by the NCCL watchdog: gloo
+# ("Timed out waiting 6000ms for recv operation to complete"), NCCL with blocking wait
+# (NCCL_BLOCKING_WAIT / TORCH_NCCL_BLOCKING_WAIT: "... Operation timed out!"), and the
+# watchdog's own message re-raised by a wrapper.
+_TIMEOUT_WORDS = ("timed out", "watchdog caught collective operation timeout")
+_COLLECTIVE_WORDS = ("gloo", "nccl", "operation timed out", "collective", "distbackenderror")
+
+
+def _collective_timeout(event) -> bool:
+    text = f"{event.exc_type} {event.message}".lower()
+    return any(w in text for w in _TIMEOUT_WORDS) and any(w in text for w in _COLLECTIVE_WORDS)
+
+
 @dataclass
 class RankProgress:
     rank: int
@@ -89,7 +102,11 @@ class Facts:
 
     @property
     def failed(self) -> bool:
-        return bool(self.timeouts) or bool(self.of("watchdog_abort"))
+        return (
+            bool(self.timeouts)
+            or bool(self.of("watchdog_abort"))
+            or any(_collective_timeout(e) for e in self.of("python_exception"))
+        )
 
     @property
     def timed_out_ranks(self) -> set[int]:

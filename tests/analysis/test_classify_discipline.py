@@ -232,3 +232,19 @@ def test_ranks_timing_out_in_one_call_at_different_seqnums_ran_different_step_co
 def test_ranks_timing_out_in_one_call_at_one_seqnum_show_no_spread():
     text = "".join(watchdog(r, 28178, "_ALLGATHER_BASE", 262675456) for r in range(3))
     assert "watchdog_seq_spread" not in verdict_of(text).rule_ids
+
+
+def test_a_collective_timeout_raised_as_an_exception_is_a_failure():
+    # gloo, and NCCL with blocking wait, raise the timeout instead of the watchdog reporting it.
+    for line in (
+        "[rank1]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:"
+        "78] Timed out waiting 6000ms for recv operation to complete\n",
+        "RuntimeError: NCCL error: unhandled system error, Operation timed out!\n",
+    ):
+        assert verdict_of(line).failed, line
+
+
+def test_a_timeout_outside_collectives_is_no_failure():
+    assert not verdict_of(
+        "requests.exceptions.ReadTimeout: Read timed out. (read timeout=10)\n"
+    ).failed
