@@ -307,7 +307,8 @@ class Agent:
             return  # nothing to attribute lines to yet: leave them in the files
         chunks = self.follower.poll(now, final=final)
         for chunk in chunks:
-            if self._job_of_path(chunk.path) is None:
+            where = self._job_of_path(chunk.path)
+            if where is None:
                 # Not attributable yet (two jobs here, nothing names this file's): read it
                 # again later rather than ship it under a guessed job or lose it.
                 self.follower.rewind(chunk)
@@ -315,14 +316,11 @@ class Agent:
                     self.unattributed.add(chunk.path)
                     log.warning("%s: no job to attribute it to yet; holding it", chunk.path)
                 continue
-            self._spool_chunk(chunk)
+            self._spool_chunk(chunk, where)
         if chunks:
             self.spool.save_extra("logs", self.follower.offsets())
 
-    def _spool_chunk(self, chunk: Chunk) -> None:
-        where = self._job_of_path(chunk.path)
-        if where is None:
-            return
+    def _spool_chunk(self, chunk: Chunk, where: tuple[str, int, int | None]) -> None:
         job, attempt, rank = where
         header = records.upload_header(
             host=self.config.host,

@@ -175,25 +175,23 @@ def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication
 
     for rule_id, match in matches.items():
         for how in IMPLICATES.get(rule_id, ()):
-            _implicate(how, rule_id, match["culprit"], conf(rule_id), attempt, incident, links)
+            _implicate(
+                how, rule_id, match["culprit"], conf(rule_id), attempt, incident, links, rank_hosts
+            )
     # The ranks the others waited for: a host that keeps holding them up is a bad node, even
     # when no single incident can say why.
     # When another entity explains why the others waited, the lagging rank's host is not the
     # suspect; only unexplained (or hardware) verdicts implicate it.
     explained = incident.culprit not in ("unknown", "bad_node_hardware")
-    for suspect in [] if explained else incident.suspects:
-        host = suspect["id"] if suspect["kind"] == "host" else None
-        if suspect["kind"] == "rank" and suspect["id"].isdigit():
-            host = rank_hosts.get(int(suspect["id"]))
-        if host:
-            links.add(
-                "host",
-                host,
-                "bad_node_hardware",
-                "lagging_rank",
-                WEAK_SIGN,
-                "ran the rank the others waited for",
-            )
+    for host, _why in [] if explained else _suspect_hosts(incident, rank_hosts):
+        links.add(
+            "host",
+            host,
+            "bad_node_hardware",
+            "lagging_rank",
+            WEAK_SIGN,
+            "ran the rank the others waited for",
+        )
 
     cache: dict = {}
     rows = []
@@ -223,7 +221,26 @@ def incident_implicate(incident: Incident, attempt: Attempt) -> list[Implication
     return rows
 
 
-def _implicate(how: str, rule_id: str, culprit: str, confidence: float, attempt, incident, links):
+def _suspect_hosts(incident: Incident, rank_hosts: dict[int, str]):
+    """(host, why) of each suspect: named hosts, and the hosts the suspected ranks ran on."""
+    for suspect in incident.suspects:
+        host = suspect["id"] if suspect["kind"] == "host" else None
+        if suspect["kind"] == "rank" and suspect["id"].isdigit():
+            host = rank_hosts.get(int(suspect["id"]))
+        if host:
+            yield host, suspect["why"]
+
+
+def _implicate(
+    how: str,
+    rule_id: str,
+    culprit: str,
+    confidence: float,
+    attempt,
+    incident,
+    links,
+    rank_hosts: dict[int, str],
+):
     """One entry of the rule registry's ``IMPLICATES`` (analysis/classify/registry.py)."""
     if how == "hardware_hosts":
         for kind, attrs, host, _rank in _event_hosts(attempt, HARDWARE_KINDS):
@@ -275,13 +292,8 @@ def _implicate(how: str, rule_id: str, culprit: str, confidence: float, attempt,
             why = f"known issue {attrs.get('signature', '')} in its logs"
             links.add("host", host, culprit, rule_id, confidence, why)
     elif how == "suspect_hosts":
-        rank_hosts = dict(attempt.placements.values_list("rank", "host__hostname"))
-        for suspect in incident.suspects:
-            host = suspect["id"] if suspect["kind"] == "host" else None
-            if suspect["kind"] == "rank" and suspect["id"].isdigit():
-                host = rank_hosts.get(int(suspect["id"]))
-            if host:
-                links.add("host", host, culprit, rule_id, confidence, suspect["why"][:200])
+        for host, why in _suspect_hosts(incident, rank_hosts):
+            links.add("host", host, culprit, rule_id, confidence, why[:200])
     elif how.startswith("config:"):
         config = _canonical_config(attempt)
         models = _models(attempt.placements.values_list("host__hostname", flat=True))

@@ -314,15 +314,14 @@ def calibrate(cases: list[Case]) -> dict[str, Any]:
 def similar_figures(cases: list[Case]) -> dict[str, Any]:
     """How often the closest resolved public case (leave-one-out: never the case itself) has the
     case's own cause, when one is offered at all."""
-    from ingest.parsers import parse_file
-
-    from .similar import OFFER_AT, similar_cases
+    from .similar import OFFER_AT, case_templates, similar_to
 
     offered = right = 0
     for case in cases:
         if not case.known_cause:
             continue
-        top = similar_cases(parse_file(case.log_path).events, exclude=case.id, most=1)
+        # The index parsed every known-cause case already: no second parse of each log.
+        top = similar_to(case_templates(case.id) or frozenset(), exclude=case.id, most=1)
         if top:
             offered += 1
             right += top[0].culprit in case.accepted

@@ -52,13 +52,16 @@ class Similar:
         }
 
 
+# A 16,384-rank incident holds as many timeout lines, nearly all one template: parameterising
+# each distinct line once, and at most this many, keeps a classification's cost bounded.
+MAX_LINES = 4096
+
+
 def templates(events: Iterable) -> frozenset[str]:
-    out = set()
-    for event in events:
-        text = getattr(event, "text", "")
-        if text:
-            out.add(f"{event.kind}|{parameterise(text)[:160]}")
-    return frozenset(out)
+    lines = {(event.kind, event.text) for event in events if getattr(event, "text", "")}
+    return frozenset(
+        f"{kind}|{parameterise(text)[:160]}" for kind, text in sorted(lines)[:MAX_LINES]
+    )
 
 
 def _case_templates(case: Case) -> frozenset[str]:
@@ -81,7 +84,22 @@ def similar_cases(
 ) -> list[Similar]:
     """The resolved corpus cases most like these events (``exclude``: a case id to leave out,
     for leave-one-out measurement)."""
-    mine = templates(events)
+    return similar_to(templates(events), exclude=exclude, at_least=at_least, most=most)
+
+
+def case_templates(case_id: str) -> frozenset[str] | None:
+    """A known-cause corpus case's templates, as the index already holds them."""
+    known, _ = _index()
+    return next((ts for case, ts in known if case.id == case_id), None)
+
+
+def similar_to(
+    mine: frozenset[str],
+    *,
+    exclude: str | None = None,
+    at_least: float = OFFER_AT,
+    most: int = MOST,
+) -> list[Similar]:
     if not mine:
         return []
     known, weights = _index()

@@ -57,7 +57,7 @@ def _seconds(m: re.Match, default_unit: str = "s") -> float:
 
 
 class TrainerProgressParser:
-    triggers = (b"data_time", b"step_time", b"data-time")
+    triggers = tuple(word.encode() for word in _WORDS)
 
     def __init__(self) -> None:
         self._head: dict[int | None, list[TrainerStep]] = {}
