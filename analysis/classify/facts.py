@@ -105,6 +105,7 @@ class Facts:
         return (
             bool(self.timeouts)
             or bool(self.of("watchdog_abort"))
+            or bool(self.of("store_timeout"))
             or any(_collective_timeout(e) for e in self.of("python_exception"))
         )
 

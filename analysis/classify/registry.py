@@ -95,7 +95,9 @@ BASIS: dict[str, str] = {
     "known_version_issue": "ingest/parsers/known_issues.json bounded affected ranges",
     "storage_stall": "Linux NFS client / hung-task detector / Lustre client messages",
     "preprocessing_outlasted_timeout": "the default process-group timeout (torch.distributed "
-    "default_pg_timeout, 30 min; HF ddp_timeout) against the progress bar's elapsed time",
+    "default_pg_timeout, 30 min; HF ddp_timeout) against the progress bar's elapsed time; "
+    "barrier-sized waits: ProcessGroupNCCL::barrier all-reduces one element; the c10d store "
+    "wait (socket.cpp waitForInput) expires at the same timeout",
     "first_barrier_timed_out": "the first collectives time out only when a rank is late at "
     "start-up",
     "dataloader_oversubscribed": "torch.utils.data.DataLoader check_worker_number_rationality "
@@ -103,7 +105,9 @@ BASIS: dict[str, str] = {
     "p2p_schedule_desync": f"{_C10D}: p2p work on per-pair communicators, seq per group",
     "rank_left_early": f"{_C10D}: a collective completes on every member or none; a member "
     "whose own log shows no timeout was not in it",
-    "old_communication_stack": "ingest/parsers/known_issues.json fixed-in versions",
+    "old_communication_stack": "older than torch.distributed's own floor: PyTorch 1.8 dropped "
+    "CUDA 9.2 builds (release notes), and ProcessGroupNCCL's point-to-point ops need NCCL >= "
+    "2.7 ('only supports send for NCCL lib version >= 2.7.0')",
     "socket_transport_multinode": "NCCL docs: NCCL_SOCKET_IFNAME / NET/Socket vs NET/IB transport",
     "laggard_waits_on_data": "mmengine IterTimerHook / detectron2 data_time: the wait for the "
     "batch; Flight Recorder says which rank the others waited for",

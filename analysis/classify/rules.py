@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.13"
+RULESET_VERSION = "2026.11.25"
 NAME_THRESHOLD = 0.5
 
 
@@ -462,20 +462,41 @@ def _data_frame(frames: tuple[str, ...]) -> str:
     return next((f for f in frames if "data" in f and "queue.py" not in f), frames[-1])
 
 
+# A collective this small is no training step's: ProcessGroupNCCL::barrier() all-reduces a
+# one-element tensor, and broadcast_object_list first broadcasts a tensor of its objects' sizes.
+BARRIER_NUMEL = 16
+
+
+def _not_training_wait(t) -> bool:
+    """The timed-out collective is one of the job's first (SeqNum <= 10) or barrier-sized: the
+    ranks were waiting at a synchronisation point, not in a training step."""
+    early = t.seq is not None and t.seq <= 10
+    barrier = t.numel_in is not None and 0 < t.numel_in <= BARRIER_NUMEL
+    return early or barrier
+
+
 def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
-    limit_s = f.timeout_seconds()
-    if not limit_s or not f.timeouts:
+    """One process's progress bar (dataset map, tokenisation, packing) ran about as long as the
+    wait that expired: the other ranks waited at a barrier or on the c10d store (main_process_first,
+    a store-based barrier) for the whole of that work, and the timeout ended it."""
+    stores = f.of("store_timeout")
+    limits = [t.timeout_ms for t in f.timeouts if t.timeout_ms] + [
+        s.timeout_ms for s in stores if s.timeout_ms
+    ]
+    if not limits or not (f.timeouts or stores):
         return None
-    early = all(t.seq is not None and t.seq <= 10 for t in f.timeouts)
+    if not all(_not_training_wait(t) for t in f.timeouts):
+        return None
+    limit_s = max(limits) / 1000
     bars = [b for b in f.of("progress_bar") if b.elapsed_s and b.elapsed_s >= 0.8 * limit_s]
-    if early and bars:
+    if bars:
         return Match(
             confidence=0.75,
             summary=(
-                f"'{bars[0].desc or 'a step'}' ran {bars[0].elapsed_s} s before the first "
-                f"collectives, close to the {int(limit_s)} s timeout"
+                f"'{bars[0].desc or 'a step'}' ran {bars[0].elapsed_s} s while the other ranks "
+                f"waited, close to the {int(limit_s)} s timeout"
             ),
-            evidence=cite(bars, "long_preprocessing"),
+            evidence=cite(bars + stores[:2], "long_preprocessing"),
         )
     return None
 
@@ -659,7 +680,7 @@ def _old_stack(f: Facts) -> Match | None:
         old.append("CUDA " + ".".join(map(str, cuda[:2])))
     if nccl is not None and nccl < (2, 7):
         old.append("NCCL " + ".".join(map(str, nccl)))
-    if not old or not f.timeouts:
+    if not old or not f.failed:
         return None
     return Match(
         confidence=0.5,
@@ -873,8 +894,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "preprocessing_outlasted_timeout",
-        "The first collectives timed out while one rank was still preprocessing",
-        ("progress_bar", "watchdog_timeout"),
+        "The ranks timed out at a barrier while one process was still preprocessing",
+        ("progress_bar", "watchdog_timeout", "store_timeout"),
         "timeout_too_short",
         0.75,
         "Preprocess ahead of training (tokenize offline, or on rank 0 inside "

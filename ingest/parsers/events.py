@@ -206,7 +206,19 @@ class WatchdogAbort(Event):
     kind: ClassVar[str] = "watchdog_abort"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreTimeout(Event):
+    """A rank's wait on the c10d TCPStore expired (torch/csrc/distributed/c10d/socket.cpp, 2.2+:
+    ``[c10d] waitForInput: socket SocketImpl(...) timed out after 1800000ms``): it waited for a
+    key another rank had not yet written (a store-based barrier, an object exchange), as long as
+    the process group's timeout."""
+
+    kind: ClassVar[str] = "store_timeout"
+    timeout_ms: int | None = None
+
+
 for _cls in (
+    StoreTimeout,
     WatchdogAbort,
     DumpSignal,
     HeartbeatTimeout,

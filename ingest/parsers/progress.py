@@ -5,7 +5,12 @@ Formats read (each names its source):
   - mmengine/mmcv and detectron2: ``… time: 0.5123  data_time: 0.0123 …`` (``IterTimerHook``:
     ``time`` is the whole iteration, ``data_time`` the wait for the batch);
   - trainers that print ``step_time 0.118s | data_time 0.035s`` or ``step_time=…`` (the same
-    two quantities under their plain names).
+    two quantities under their plain names);
+  - lines that give both a ``step_time`` and a longer ``iter_time``: the iteration is the whole
+    (step plus whatever the rank did outside it: logging, checkpoint writes, waiting for data), so
+    the iteration time is the rank's step time. ``iter_time`` alone is not read: ESPnet's
+    reporter prints ``iter_time`` for the wait on its batch iterator, not the iteration;
+  - ``elapsed/step 1980.9 ms`` (wall clock per step, as ``elapsed time per iteration``).
 Megatron-LM's ``elapsed time per iteration (ms)`` is not read: only the last pipeline stage's
 first rank prints it, so it cannot tell one rank's time from another's, and fleets print it on
 every iteration (decoding it cost the diagnosis pass half its speed on the bench's log).
@@ -26,7 +31,7 @@ from .events import Event, register
 from .lines import Line
 from .prefix import Prefix
 
-_WORDS = ("data_time", "step_time", "data-time")
+_WORDS = ("data_time", "step_time", "data-time", "elapsed/step")
 HEAD_STEPS = 50
 TAIL_STEPS = 200
 
@@ -44,7 +49,10 @@ register(TrainerStep)
 _NUM = r"(?P<{0}>\d+(?:\.\d+)?)\s*(?P<{0}_unit>ms|s)?"
 _DATA = re.compile(r"\bdata[_-]time\s*[:=]?\s*" + _NUM.format("v"))
 _STEP_TIME = re.compile(r"(?:\bstep[_-]time|(?<![\w-])time)\s*[:=]?\s*" + _NUM.format("v"))
-_RANK_TAG = re.compile(r"\[rank(\d{1,6})\]")
+_ITER_TIME = re.compile(r"\biter[_-]time\s*[:=]?\s*" + _NUM.format("v"))
+_ELAPSED = re.compile(r"\belapsed/step\s*[:=]?\s*" + _NUM.format("v"))
+# "[rank3]" (PyTorch's own prefix style) and "[rank 3]" (trainers' logging formatters).
+_RANK_TAG = re.compile(r"\[rank ?(\d{1,6})\]")
 _INDEX = re.compile(
     r"\bglobal_step[:=\s]\s*(?P<a>\d+)|\biter[:=\s]\s*(?P<b>\d+)|\bIter \[(?P<c>\d+)/"
 )
@@ -76,6 +84,12 @@ class TrainerProgressParser:
         t = _STEP_TIME.search(text[: d.start()] + text[d.end() :] if d else text)
         if t:
             step_s = _seconds(t)
+            it = _ITER_TIME.search(text) if "iter" in text else None
+            if it and _seconds(it) > step_s:
+                step_s = _seconds(it)
+        elif "elapsed/step" in text:
+            e = _ELAPSED.search(text)
+            step_s = _seconds(e) if e else None
         if step_s is None and data_s is None:
             return []
         rank = pre.rank

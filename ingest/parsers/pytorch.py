@@ -18,6 +18,7 @@ from .events import (
     DumpSignal,
     Event,
     HeartbeatTimeout,
+    StoreTimeout,
     WatchdogAbort,
     WatchdogTimeout,
     WorkProgress,
@@ -29,7 +30,7 @@ from .prefix import Prefix
 # watchdog message "WorkNCCL(", progress "NCCL work:") or is a Python exception ("Error":
 # DistBackendError, the CollectiveFingerPrint mismatch). Desync report lines and stack frames
 # carry neither: they are reached with follow() from the line above them.
-TRIGGERS: tuple[bytes, ...] = (b"NCCL", b"Error")
+TRIGGERS: tuple[bytes, ...] = (b"NCCL", b"Error", b"waitForInput")
 # Desync report lines that follow a watchdog or "Rank N" header line (TORCH_NCCL_DESYNC_DEBUG).
 DESYNC_FOLLOW = 4
 
@@ -46,10 +47,14 @@ _INLINE_RANK = re.compile(r"\[rank(\d+)\]:")
 # Watchdog timeout, all eras; the body of WorkNCCL(...) is parsed key by key below because its
 # fields changed: 1.8 had only OpType and Timeout(ms); 1.9 added SeqNum; 1.10-1.13 printed
 # TensorShape=[...]; 2.0+ prints NumelIn/NumelOut (18446744073709551615 = -1 for COALESCED).
+# Blocking wait (NCCL_BLOCKING_WAIT=1, torch 1.7-1.9) raised the same text from WorkNCCL::wait
+# without the watchdog's word: "[Rank 0] Caught collective operation timeout: WorkNCCL(...)".
 _WATCHDOG = re.compile(
-    r"Watchdog caught collective operation timeout: WorkNCCL\((?P<body>.*?)\)\s+ran for\s+"
+    r"(?:Watchdog c|\bC)aught collective operation timeout: WorkNCCL\((?P<body>.*?)\)\s+ran for\s+"
     r"(?P<ran>\d+)\s+milliseconds before timing out"
 )
+# c10d socket.cpp (2.2+): "[c10d] waitForInput: socket SocketImpl(...) timed out after 1800000ms".
+_STORE_WAIT = re.compile(r"waitForInput: socket .*? timed out after (?P<ms>\d+)\s*ms")
 _KV = re.compile(r"(\w+)(?:\(ms\))?=(\[[^\]]*\]|[^,]*)")
 
 # Progress when the watchdog fired.
@@ -192,6 +197,18 @@ class PytorchParser:
                 follow(1)
                 return out
             out.extend(self.flush())
+        if "waitForInput" in text:
+            m = _STORE_WAIT.search(text)
+            if m:
+                out.append(
+                    StoreTimeout(
+                        line=line.number,
+                        text=line.text,
+                        rank=self._rank(pre, line.text, None, None),
+                        timeout_ms=int(m.group("ms")),
+                    )
+                )
+                return out
         if "WorkNCCL(" in text and _WATCHDOG.search(text):
             return out + self._timeout(line, pre, text, follow)
         if "Watchdog caught collective operation timeout" in text and "ran for" not in text:

@@ -248,3 +248,27 @@ def test_a_timeout_outside_collectives_is_no_failure():
     assert not verdict_of(
         "requests.exceptions.ReadTimeout: Read timed out. (read timeout=10)\n"
     ).failed
+
+
+def rule_ids(verdict) -> set[str]:
+    return {m.rule_id for m in verdict.matches}
+
+
+def test_a_long_running_bar_beside_a_training_sized_collective_is_no_preprocessing_wait():
+    # A training loop's bar runs for hours in any long job: beside a gradient all-reduce that
+    # hung it says nothing about a rank busy preprocessing while the others waited.
+    bar = "Epoch 3:  41%|████      | 4100/10000 [2:10:05<3:07:12,  1.91s/it, loss=1.23]\n"
+    text = bar + "".join(watchdog(r, 90211, numel=67108864) for r in (0, 1, 2, 3))
+    assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(text))
+
+
+def test_a_preprocessing_bar_as_long_as_the_store_wait_that_expired_names_the_timeout():
+    bar = "Map (num_proc=16):  57%|█████▋    | 76614/135065 [29:59<24:54, 39.10 examples/s]\n"
+    store = (
+        "[rank3]:[W516 14:34:56.8 socket.cpp:489] [c10d] waitForInput: socket SocketImpl(fd=79, "
+        "addr=[localhost]:41170, remote=[localhost]:29500) timed out after 1800000ms\n"
+    )
+    verdict = verdict_of(bar + store)
+    assert "preprocessing_outlasted_timeout" in rule_ids(verdict)
+    # Without the expired wait nothing failed: a long map alone is no incident.
+    assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(bar))

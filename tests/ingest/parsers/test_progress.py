@@ -29,6 +29,32 @@ def test_plain_step_time_lines_with_units_and_a_rank_tag_after_the_timestamp():
     assert (e.rank, e.step, e.step_s, e.data_s) == (3, 94, 0.316, 0.299)
 
 
+def test_a_longer_iter_time_beside_step_time_is_the_whole_iteration():
+    # Compute flat at 2.1 s, the iteration 12.7 s: the rest went outside the step (logging,
+    # writes), and that is the rank's own time per step.
+    (e,) = steps(
+        "2025-02-11 09:32:19,938 INFO [trainer.py:97] [rank 0] step 1930/30000 loss=2.0434 "
+        "step_time=2.13s iter_time=12.71s tok/s/gpu=1289 mem=61.0GB\n"
+    )
+    assert (e.rank, e.step_s) == (0, 12.71)
+
+
+def test_espnets_iter_time_is_its_wait_on_the_iterator_and_alone_is_no_step_time():
+    assert not steps(
+        "[0]<stderr>:[host 2021-02-02 03:22:16,448 (trainer:514) INFO: 3epoch:train:99-112batch: "
+        "iter_time=8.416e-05, forward_time=0.162, loss=84.699, optim_step_time=0.310, "
+        "train_time=5.510\n"
+    )
+
+
+def test_elapsed_per_step_in_milliseconds_is_a_step_time():
+    (e,) = steps(
+        "[rank0] 2024-11-02 04:22:57,855 INFO step  1930 | loss 2.0416 | grad_norm 0.457 | "
+        "elapsed/step  16482.1 ms | tokens/s/gpu 1988 | mem 61.1G\n"
+    )
+    assert (e.rank, e.step_s) == (0, 16.4821)
+
+
 def test_megatrons_single_rank_iteration_time_is_not_read():
     # Printed by one rank of the last pipeline stage only: it says nothing of which rank slowed.
     assert not steps(

@@ -64,6 +64,13 @@ WATCHDOG = [
         {"rank": 3, "op": "COALESCED", "numel_in": -1, "numel_out": -1},
     ),
     (
+        "1.8-1.9 blocking wait: raised from WorkNCCL::wait, no 'Watchdog'",
+        "RuntimeError: [Rank 0] Caught collective operation timeout: WorkNCCL(OpType=ALLGATHER, "
+        "TensorShape=[2500, 1024], Timeout(ms)=1800000) ran for 1801683 milliseconds before "
+        "timing out.",
+        {"op": "ALLGATHER", "timeout_ms": 1800000, "ran_for_ms": 1801683},
+    ),
+    (
         "a tqdm bar glued in front of an inline [rank0]: prefix",
         " 33%|███▎      | 1/3 [00:02<00:04,  2.19s/it][rank0]:[E923 14:05:28.953176853 "
         "ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout: "
@@ -240,3 +247,22 @@ def test_a_cut_watchdog_line_does_not_swallow_the_next_timeout():
     )
     timeouts = [e for e in parse_log(text.encode()).events if e.kind == "watchdog_timeout"]
     assert [(t.rank, t.seq) for t in timeouts] == [(3, 56693)]
+
+
+def test_a_c10d_store_wait_that_expired_is_read_with_its_limit():
+    (event,) = events(
+        "Tokenizing Prompts (num_proc=64):  92%|█████████▏| 328986/359152 [29:58<12:05, 41.59 "
+        "examples/s][rank1]:[W516 14:34:56.854597329 socket.cpp:489] [c10d] waitForInput: socket "
+        "SocketImpl(fd=79, addr=[localhost]:41170, remote=[localhost]:29500) timed out after "
+        "1800000ms",
+        "store_timeout",
+    )
+    assert (event.rank, event.timeout_ms) == (1, 1800000)
+
+
+def test_the_poll_warning_before_the_store_timeout_is_not_a_second_one():
+    assert not events(
+        "[rank1]:[W516 14:34:56.853490829 socket.cpp:464] [c10d] waitForInput: poll for socket "
+        "SocketImpl(fd=79) returned 0, likely a timeout",
+        "store_timeout",
+    )
