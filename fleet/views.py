@@ -18,7 +18,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from analysis import memory, selectors, services
-from analysis.models import CulpritScore, Incident
+from analysis.models import CulpritScore, DrainAction, Incident
+from fleet.drain import drain_resume, host_drain
 from fleet.models import Host, Job
 from ingest.models import Upload
 
@@ -201,10 +202,6 @@ def host_detail(request, hostname: str):
 
 
 def _drain_actions(host: Host) -> list:
-    try:
-        from analysis.models import DrainAction  # issue 8's audit trail, when present
-    except ImportError:
-        return []
     return list(DrainAction.objects.filter(host=host).order_by("-at")[:10])
 
 
@@ -216,21 +213,11 @@ def host_action(request, hostname: str, action: str):
     note = request.POST.get("note", "")[:2000]
     if action == "repaired":
         memory.host_repaired(host, note=note, by=by)
-        try:
-            from fleet.drain import drain_resume  # undo Fleetwatch's own drain, if any
-        except ImportError:
-            pass
-        else:
-            drain_resume(host, by=by)
+        drain_resume(host, by=by)  # undo Fleetwatch's own drain, if any
         messages.success(request, f"{host.hostname} marked repaired; its health starts afresh.")
     elif action == "drain":
-        try:
-            from fleet.drain import host_drain  # the scheduler adapters (issue 8)
-        except ImportError:
-            messages.warning(request, "Draining is not configured on this server.")
-        else:
-            row = host_drain(host, reason=note or "drained from the Fleetwatch UI", by=by)
-            messages.success(request, f"Drain of {host.hostname}: {row.result}.")
+        row = host_drain(host, reason=note or "drained from the Fleetwatch UI", by=by)
+        messages.success(request, f"Drain of {host.hostname}: {row.result}.")
     else:
         raise Http404("No such action")
     return redirect("host-detail", hostname=host.hostname)

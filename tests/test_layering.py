@@ -19,11 +19,11 @@ def test_pure_package_imports_without_django(module):
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": "."})
 
 
-def test_the_diagnosis_core_does_not_import_django_even_indirectly():
+def test_the_core_and_the_agent_do_not_import_django_even_indirectly():
     code = (
         "import sys, importlib, pkgutil\n"
-        "import ingest.parsers, analysis.classify\n"
-        "for pkg in (ingest.parsers, analysis.classify):\n"
+        "import ingest.parsers, analysis.classify, agents\n"
+        "for pkg in (ingest.parsers, analysis.classify, agents):\n"
         "    for m in pkgutil.iter_modules(pkg.__path__):\n"
         "        importlib.import_module(pkg.__name__ + '.' + m.name)\n"
         "assert 'django' not in sys.modules\n"

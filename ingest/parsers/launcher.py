@@ -52,7 +52,6 @@ SIGNALS: dict[int, tuple[str, str]] = {
         "another worker failed, or a time limit",
     ),
 }
-_SIGNAL_BY_NAME = {name: number for number, (name, _) in SIGNALS.items()}
 
 
 def signal_name(exitcode: int | None) -> str:

@@ -380,8 +380,3 @@ class LineScanner:
             offset += hi - lo
             open_line = pos >= hi and not ends_line
             self.lines_seen = base + (0 if ends_line else 1)
-
-
-def iter_text_lines(text: str) -> Iterator[Line]:
-    """Lines of an in-memory string, for tests and the CLI's pasted input."""
-    yield from iter_lines(io.BytesIO(text.encode("utf-8", "surrogateescape")))
