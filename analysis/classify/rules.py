@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25"
+RULESET_VERSION = "2026.11.25.1"
 NAME_THRESHOLD = 0.5
 
 
@@ -122,10 +122,15 @@ def _crash_first(f: Facts) -> Match | None:
     killed = [e for e in f.of("worker_failed") if e.signal == "SIGKILL"]
     killed += [e for e in f.of("failure_record") if e.signal == "SIGKILL"]
     exceptions = f.of("python_exception")
-    errors = [e for e in exceptions if not _is_timeout_exception(e) and not _is_peer_gone(e)]
+    echoes = _remote_close_echoes(f, exceptions)
+    errors = [
+        e
+        for e in exceptions
+        if not _is_timeout_exception(e) and not _is_peer_gone(e) and e not in echoes
+    ]
     # A peer that went away, as the survivors see it: NCCL's "Connection closed by localRank",
     # gloo's "Connection closed by peer" / "Connection reset by peer" (any backend, any era).
-    closed = f.of("nccl_peer_closed") + [e for e in exceptions if _is_peer_gone(e)]
+    closed = f.of("nccl_peer_closed") + [e for e in exceptions if _is_peer_gone(e)] + list(echoes)
     root = _first_to_die(f, errors)
     if root is not None and not oom and not cuda:
         own = [e for e in errors if e.rank == root.rank]
@@ -169,6 +174,23 @@ def _crash_first(f: Facts) -> Match | None:
             evidence=cite(killed, "sigkill"),
         )
     return None
+
+
+def _remote_close_echoes(f: Facts, exceptions: list) -> list:
+    """NCCL errors raised by a process whose own NCCL lines, just before, said the remote peer
+    closed the connection (``NCCL WARN Net : Connection closed by remote peer``, NCCL's socket
+    transport; ``Connection reset by peer``): that process lost a peer (one that aborted after
+    its own timeout, or died) and surfaced it as ``unhandled system error`` / ``remote process
+    exited``. It is a survivor, not the rank that crashed."""
+    closes = [e for e in f.of("nccl_error") if e.error == "remote"]
+    if not closes:
+        return []
+    return [
+        e
+        for e in exceptions
+        if "nccl" in f"{e.exc_type} {e.message}".lower()
+        and any(c.source == e.source and c.line < e.line for c in closes)
+    ]
 
 
 def _first_to_die(f: Facts, errors: list):

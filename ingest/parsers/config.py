@@ -115,6 +115,7 @@ _TIMEDELTA = re.compile(
 # 12.1"), prints of torch.__version__ ("torch version: 2.3.1", "torch.__version__ = 2.3.1"),
 # pip freeze ("torch==2.3.1"), nvidia-smi's header ("Driver Version: 535.104.05  CUDA Version:
 # 12.2") and nvcc ("Cuda compilation tools, release 12.1").
+_DRIVER_CUDA = re.compile(r"Driver [Vv]ersion\s*:?\s*[\d.]+\s+CUDA Version\s*:?\s*(?P<v>\d+\.\d+)")
 _VERSIONS = (
     (
         "torch_version",
@@ -124,12 +125,16 @@ _VERSIONS = (
         ),
     ),
     (
+        # Not from nvidia-smi's header: its "CUDA Version" (after "Driver Version") is the newest
+        # CUDA the driver supports, not the runtime the job runs (NVIDIA's CUDA compatibility
+        # guide); that line gives driver_cuda_version.
         "cuda_version",
         re.compile(
             r"CUDA (?:[Vv]ersion|used to build PyTorch|runtime version)\s*:?\s*"
             r"(?P<v>\d+\.\d+[\d.]*)"
         ),
     ),
+    ("driver_cuda_version", _DRIVER_CUDA),
     ("driver_version", re.compile(r"Driver [Vv]ersion\s*:?\s*(?P<v>\d+\.\d+[\d.]*)")),
 )
 # tqdm: "Running tokenizer on dataset:   9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57
@@ -245,7 +250,10 @@ class ConfigParser:
                     seconds, value = float(_elapsed(m.group("hms"))), m.group("hms")
                 out.extend(self._emit(ctx, "distributed_timeout", value, "timeout", seconds))
         if "ersion" in text or "torch==" in text or "CUDA used" in text:
+            driver_line = "Driver" in text and _DRIVER_CUDA.search(text)
             for key, pattern in _VERSIONS:
+                if key == "cuda_version" and driver_line:
+                    continue  # nvidia-smi's header: that CUDA version is the driver's
                 m = pattern.search(text)
                 if m:
                     value = m.group("v") or (m.groupdict().get("v2") or "")

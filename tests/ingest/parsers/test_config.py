@@ -76,7 +76,20 @@ CASES = [
         "driver_version",
         "535.104.05",
     ),
+    (
+        # The driver's newest supported CUDA, not the job's runtime: never cuda_version.
+        "nvidia-smi header, its CUDA",
+        "| NVIDIA-SMI 418.226.00   Driver Version: 418.226.00   CUDA Version: 10.1     |",
+        "driver_cuda_version",
+        "10.1",
+    ),
 ]
+
+
+def test_nvidia_smis_cuda_is_not_taken_for_the_runtimes():
+    assert "cuda_version" not in settings(
+        "| NVIDIA-SMI 418.226.00   Driver Version: 418.226.00   CUDA Version: 10.1     |"
+    )
 
 
 @pytest.mark.parametrize(("source", "line", "key", "value"), CASES, ids=[c[0] for c in CASES])
