@@ -15,7 +15,8 @@ What it does:
   agent can ask for one on demand through ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` (PyTorch opens
   ``<stem><rank>.pipe``; writing anything to it dumps to ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``
   + rank). Gloo has a Flight Recorder but neither the pipe nor dump-on-timeout, so for gloo the
-  integration serves the same pipe itself and dumps when a collective raises;
+  integration serves the same pipe itself and dumps when a collective raises; on any backend it
+  dumps when the launcher stops the rank with SIGTERM (then lets the signal through);
 - ``step()`` records step times for the progress heartbeat the agent watches: two attribute
   writes and a deque append on the training thread, nothing else;
 - ``epoch_start()`` records each rank's dataset length, steps per epoch and fingerprints of its
@@ -34,6 +35,7 @@ import logging
 import os
 import queue
 import re
+import signal
 import socket
 import statistics
 import sys
@@ -535,6 +537,33 @@ def _hook_exceptions(integration: Integration) -> None:
     sys.excepthook = hook
 
 
+def _hook_sigterm(integration: Integration) -> None:
+    """torchrun stops the surviving workers of a failed attempt with SIGTERM and kills them only
+    after a grace period (torch/distributed/elastic/multiprocessing/api.py: ``close`` sends
+    ``death_sig`` SIGTERM, then SIGKILL after ``timeout``); Slurm's scancel and time limit do the
+    same. The rank the others waited for is among those workers, and its Flight Recorder is the
+    evidence of where it was: dump it, then let the signal do what it did before."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers; the pipe and exceptions still dump
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        # The launcher signals the whole process group, so the DataLoader's workers die too, and
+        # its SIGCHLD handler would raise "DataLoader worker ... killed by signal" in the middle
+        # of this: a teardown artifact that reads as a data-loader failure. The rank is going
+        # away; its children's deaths are no news.
+        if hasattr(signal, "SIGCHLD"):
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        integration.dump_flight_recorder("SIGTERM")
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def install(
     *,
     spool_dir: str | Path | None = None,
@@ -576,6 +605,7 @@ def install(
         _wrap_collectives(integration)
         _watch_init(integration)
     _hook_exceptions(integration)
+    _hook_sigterm(integration)
     integration.report_attempt("start")
     integration.start()
     atexit.register(integration.finish)

@@ -98,7 +98,7 @@ class FrGroup:
 
 @dataclass
 class FrFinding:
-    kind: str  # "mismatch" | "missing" | "not_started"
+    kind: str  # "mismatch" | "missing" | "not_started" | "late"
     pg: str
     desc: str
     seq: int
@@ -123,8 +123,9 @@ def _signature(entry) -> tuple:
     return (entry.op, entry.input_sizes, entry.output_sizes, entry.input_dtypes)
 
 
-def fr_analyze(events: Iterable[Event]) -> FrAnalysis:
-    """Cross-rank analysis of Flight Recorder events from any number of separately parsed dumps."""
+def fr_analyze(events: Iterable[Event], limit_s: float | None = None) -> FrAnalysis:
+    """Cross-rank analysis of Flight Recorder events from any number of separately parsed dumps.
+    ``limit_s``: the collective timeout the ranks waited under, when the artifacts say it."""
     groups: dict[tuple[str, str], FrGroup] = {}
     pending: list[Event] = []
     for event in events:
@@ -149,7 +150,12 @@ def fr_analyze(events: Iterable[Event]) -> FrAnalysis:
         missing_dumps = sorted(set(group.members) - group.dumped)
         if missing_dumps:
             no_dump[group.pg] = missing_dumps
-        finding = _mismatch(group) or _missing(group, missing_dumps) or _not_started(group)
+        finding = (
+            _mismatch(group)
+            or _missing(group, missing_dumps)
+            or _not_started(group)
+            or _late(group, limit_s)
+        )
         if finding:
             findings.append(finding)
     # The default group's answer first: it is the one every rank shares.
@@ -274,6 +280,42 @@ def _not_started(group: FrGroup) -> FrFinding | None:
         detail=f"rank {_ranks(culprits)} never started collective seq {low + 1} of process group "
         f"{group.pg} that the others started",
         evidence=[group.frontiers[r] for r in culprits[:4]],
+    )
+
+
+def _late(group: FrGroup, limit_s: float | None) -> FrFinding | None:
+    """Every rank enqueued the last collective, but one enqueued it a whole timeout after a peer
+    had: by the time it arrived, that peer had given up waiting (its wait is bounded by the
+    process group's timeout from when it entered). The late rank is the one the others waited
+    for; it got there after the abort. Times are the recorder's ``time_created_ns`` on each
+    host's clock: NTP keeps hosts within milliseconds, far under a collective timeout."""
+    if len(group.entries) < 2:
+        return None
+    common = set.intersection(*(set(e) for e in group.entries.values()))
+    if not common:
+        return None
+    seq = max(common)
+    at = {r: e[seq] for r, e in group.entries.items() if e[seq].time_created_ns}
+    # The recorder's own timeout for that collective (2.5+), else the one the logs state.
+    stated = [e.timeout_ms for e in at.values() if e.timeout_ms]
+    limit_s = max(stated) / 1000 if stated else limit_s
+    if len(at) < 2 or not limit_s:
+        return None
+    first = min(e.time_created_ns for e in at.values())
+    late = sorted(r for r, e in at.items() if e.time_created_ns - first >= limit_s * 1e9)
+    if not late or len(late) == len(at):
+        return None
+    gap = max(at[r].time_created_ns for r in late) - first
+    return FrFinding(
+        kind="late",
+        pg=group.pg,
+        desc=group.desc,
+        seq=seq,
+        culprits=late,
+        detail=f"rank {_ranks(late)} entered collective seq {seq} ({at[late[0]].op}) of process "
+        f"group {group.pg} {gap / 1e9:.1f} s after the first rank did, past the {limit_s:g} s "
+        "timeout: the others had stopped waiting before it arrived",
+        evidence=[at[r] for r in late[:4]] + [min(at.values(), key=lambda e: e.time_created_ns)],
     )
 
 
@@ -475,7 +517,7 @@ def cross_rank(f: Facts) -> CrossRank:
     if cached is not None:
         return cached
     fr_events = f.of("fr_frontier") + f.of("fr_collective")
-    fr = fr_analyze(fr_events) if fr_events else None
+    fr = fr_analyze(fr_events, f.collective_limit_s()) if fr_events else None
     traces = f.of("trace_summary")
     result = CrossRank(
         fr=fr,
@@ -514,7 +556,7 @@ def _suspects(ranks: list[int], why: str, f: Facts) -> tuple[Suspect, ...]:
 
 def _laggard(f: Facts) -> tuple[list[int], FrFinding | None]:
     """The rank(s) the others wait for: the FR missing rank, else the trace's slow rank."""
-    finding = _first_finding(f, "missing", "not_started")
+    finding = _first_finding(f, "missing", "not_started", "late")
     if finding is not None:
         return finding.culprits, finding
     slow = cross_rank(f).slow
@@ -680,7 +722,7 @@ def _no_other_explanation(f: Facts) -> bool:
 
 
 def _laggard_waits_on_data(f: Facts) -> Match | None:
-    if not f.failed and not _first_finding(f, "missing", "not_started"):
+    if not f.failed and not _first_finding(f, "missing", "not_started", "late"):
         return None
     series = _step_series(f)
     for rank in _progress_laggard(f):
@@ -705,7 +747,7 @@ def _laggard_left_path(f: Facts) -> Match | None:
     """The rank the others wait for never joined the collective, raised nothing, was not killed,
     and its own steps were steady up to then (no growth in step or data time): it did not slow
     down, it went somewhere else in its code (a rank-dependent branch, a sleep, an extra step)."""
-    finding = _first_finding(f, "missing", "not_started")
+    finding = _first_finding(f, "missing", "not_started", "late")
     if finding is None or not _no_other_explanation(f):
         return None
     series = _step_series(f)
@@ -734,7 +776,7 @@ def _logging_rank_slows(f: Facts) -> Match | None:
     """Rank 0, by convention the rank that logs and checkpoints, is the one the others wait for,
     and its steps grew while it was not waiting for data: its own synchronous writes grew (the
     same reading as the trace rule slow_rank_storage_io's logging-rank branch)."""
-    finding = _first_finding(f, "missing", "not_started")
+    finding = _first_finding(f, "missing", "not_started", "late")
     ranks = finding.culprits if finding else sorted(f.silent_ranks())
     if ranks != [0] or not _no_other_explanation(f):
         return None
@@ -767,7 +809,7 @@ def _series(values: tuple[float, ...]) -> str:
 
 def _rank_missing(f: Facts) -> Match | None:
     """A rank never joined and nothing says why: name it, let the verdict stay unknown."""
-    finding = _first_finding(f, "missing", "not_started")
+    finding = _first_finding(f, "missing", "not_started", "late")
     if finding is None:
         return None
     return Match(

@@ -30,8 +30,25 @@ def _pg_key(pg: str | None) -> str:
 # ("Timed out waiting 6000ms for recv operation to complete"), NCCL with blocking wait
 # (NCCL_BLOCKING_WAIT / TORCH_NCCL_BLOCKING_WAIT: "... Operation timed out!"), and the
 # watchdog's own message re-raised by a wrapper.
-_TIMEOUT_WORDS = ("timed out", "watchdog caught collective operation timeout")
-_COLLECTIVE_WORDS = ("gloo", "nccl", "operation timed out", "collective", "distbackenderror")
+# gloo's pair.cc closes a pair whose operation outlived the timeout with "Application timeout
+# caused pair closure".
+_TIMEOUT_WORDS = (
+    "timed out",
+    "watchdog caught collective operation timeout",
+    "application timeout caused pair closure",
+)
+_COLLECTIVE_WORDS = (
+    "gloo",
+    "nccl",
+    "operation timed out",
+    "collective",
+    "distbackenderror",
+    "pair closure",
+)
+
+
+# gloo/transport/tcp/unbound_buffer.cc: "Timed out waiting 6000ms for recv operation to complete".
+_GLOO_WAIT = re.compile(r"Timed out waiting (\d+)ms")
 
 
 def _collective_timeout(event) -> bool:
@@ -140,6 +157,17 @@ class Facts:
             if parts:
                 return tuple(int(p) for p in parts)
         return None
+
+    def collective_limit_s(self) -> float | None:
+        """The longest wait the ranks were allowed, as the artifacts state it: the watchdog's
+        Timeout(ms), the c10d store's, gloo's "Timed out waiting 6000ms for recv operation"."""
+        limits = [t.timeout_ms for t in self.timeouts if t.timeout_ms]
+        limits += [s.timeout_ms for s in self.of("store_timeout") if s.timeout_ms]
+        for e in self.of("python_exception"):
+            m = _GLOO_WAIT.search(e.message) if "Timed out waiting" in e.message else None
+            if m:
+                limits.append(int(m.group(1)))
+        return max(limits) / 1000 if limits else None
 
     def timeout_seconds(self) -> float | None:
         limits = [t.timeout_ms for t in self.timeouts if t.timeout_ms]

@@ -83,6 +83,7 @@ class FrCollective(Event):
     state: str = ""  # "scheduled", "started", "completed"
     frames: tuple[str, ...] = ()  # innermost first: "train.py:120 in step"
     time_created_ns: int | None = None
+    timeout_ms: int | None = None  # the collective's own timeout (entries carry it since 2.5)
 
 
 register(FrFrontier)
@@ -740,6 +741,7 @@ def _collective(
         state=state,
         frames=frames,
         time_created_ns=_int(entry.get("time_created_ns")),
+        timeout_ms=_int(entry.get("timeout_ms")),
     )
 
 

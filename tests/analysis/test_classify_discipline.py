@@ -272,3 +272,8 @@ def test_a_preprocessing_bar_as_long_as_the_store_wait_that_expired_names_the_ti
     assert "preprocessing_outlasted_timeout" in rule_ids(verdict)
     # Without the expired wait nothing failed: a long map alone is no incident.
     assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(bar))
+
+
+def test_gloos_pair_closure_after_a_timeout_is_a_collective_failure():
+    verdict = verdict_of("[rank2]: RuntimeError: Application timeout caused pair closure\n")
+    assert verdict.failed

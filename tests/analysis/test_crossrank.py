@@ -242,3 +242,21 @@ def test_call_order_becomes_seq_through_the_recorder_entry_created_during_the_ca
             )
     straggler = last_to_start(summaries, recorded)
     assert straggler.rank == 1 and straggler.seqs == (101, 110)
+
+
+def _entry_at(rank, seq, created_s):
+    from dataclasses import replace
+
+    return replace(_entry(rank, seq), time_created_ns=int(created_s * 1e9))
+
+
+def test_a_rank_that_entered_a_whole_timeout_after_its_peers_is_the_one_they_waited_for():
+    # Every rank reached seq 300 (nothing is missing), but rank 0 got there 6.1 s after the
+    # others, past their 6 s timeout: they had given up before it arrived.
+    events = [_frontier(r, 300) for r in range(4)]
+    events += [_entry_at(r, 300, 984.16 if r == 0 else 978.05) for r in range(4)]
+    (finding,) = fr_analyze(events, limit_s=6.0).findings
+    assert (finding.kind, finding.culprits) == ("late", [0])
+    # Within the timeout it is no finding; without the timeout, nothing can be said.
+    assert not fr_analyze(events, limit_s=7.0).findings
+    assert not fr_analyze(events).findings
