@@ -502,14 +502,11 @@ def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
     wait that expired: the other ranks waited at a barrier or on the c10d store (main_process_first,
     a store-based barrier) for the whole of that work, and the timeout ended it."""
     stores = f.of("store_timeout")
-    limits = [t.timeout_ms for t in f.timeouts if t.timeout_ms] + [
-        s.timeout_ms for s in stores if s.timeout_ms
-    ]
-    if not limits or not (f.timeouts or stores):
+    limit_s = f.collective_limit_s()
+    if not limit_s or not (f.timeouts or stores):
         return None
     if not all(_not_training_wait(t) for t in f.timeouts):
         return None
-    limit_s = max(limits) / 1000
     bars = [b for b in f.of("progress_bar") if b.elapsed_s and b.elapsed_s >= 0.8 * limit_s]
     if bars:
         return Match(

@@ -2,6 +2,7 @@
 attempt, Slurm's scancel) leaves its Flight Recorder behind, and still dies of the signal."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -46,20 +47,23 @@ def test_sigterm_dumps_the_flight_recorder_then_lets_the_signal_end_the_rank(tmp
         "FLEETWATCH_RUN_DIR": str(tmp_path / "run"),
         "FLEETWATCH_JOB": "sigterm-1",
     }
+    stderr = tmp_path / "stderr.log"
     proc = subprocess.Popen(
         [sys.executable, "-c", JOB],
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr.open("wb"),
         start_new_session=True,
     )
     try:
-        assert proc.stdout.readline().strip() == b"ready", proc.stderr.read().decode()[-2000:]
+        # A deadline, not a fixed wait: the job says "ready" when its collective is done.
+        ready, _, _ = select.select([proc.stdout], [], [], 300)
+        assert ready and proc.stdout.readline().strip() == b"ready", stderr.read_text()[-2000:]
         # As torchrun and Slurm do: the whole process group, the DataLoader's worker included.
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) == -signal.SIGTERM
         # The worker's death during teardown is no "DataLoader worker ... killed" failure.
-        assert b"DataLoader worker" not in proc.stderr.read()
+        assert "DataLoader worker" not in stderr.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
