@@ -95,7 +95,8 @@ BASIS: dict[str, str] = {
     "known_version_issue": "ingest/parsers/known_issues.json bounded affected ranges",
     "storage_stall": "Linux NFS client / hung-task detector / Lustre client messages",
     "preprocessing_outlasted_timeout": "the default process-group timeout (torch.distributed "
-    "default_pg_timeout, 30 min; HF ddp_timeout) against the progress bar's elapsed time; "
+    "default_pg_timeout, 30 min; HF ddp_timeout) against the progress bar's elapsed time or a "
+    "phase's reported length; "
     "barrier-sized waits: ProcessGroupNCCL::barrier all-reduces one element; the c10d store "
     "wait (socket.cpp waitForInput) expires at the same timeout",
     "first_barrier_timed_out": "the first collectives time out only when a rank is late at "

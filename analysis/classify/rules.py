@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25.1"
+RULESET_VERSION = "2026.11.25.2"
 NAME_THRESHOLD = 0.5
 
 
@@ -118,7 +118,11 @@ def _gpu_hardware(f: Facts) -> Match | None:
 
 def _crash_first(f: Facts) -> Match | None:
     oom = f.of("cuda_oom") + [e for e in f.of("host_oom_kill") if e.oom]
-    cuda = [e for e in f.of("cuda_error") if not e.hardware]
+    # A CUDA error whose own line is a known library signature ("CUDA driver version is
+    # insufficient for CUDA runtime version") is the software stack's, not a crash's: the entry
+    # in the knowledge base names it.
+    known = {(e.line, e.text) for e in f.of("known_signature")}
+    cuda = [e for e in f.of("cuda_error") if not e.hardware and (e.line, e.text) not in known]
     killed = [e for e in f.of("worker_failed") if e.signal == "SIGKILL"]
     killed += [e for e in f.of("failure_record") if e.signal == "SIGKILL"]
     exceptions = f.of("python_exception")
@@ -498,21 +502,25 @@ def _not_training_wait(t) -> bool:
 
 
 def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
-    """One process's progress bar (dataset map, tokenisation, packing) ran about as long as the
-    wait that expired: the other ranks waited at a barrier or on the c10d store (main_process_first,
-    a store-based barrier) for the whole of that work, and the timeout ended it."""
+    """One process's progress bar (dataset map, tokenisation, packing), or a phase's own report
+    of its length (a checkpoint save), ran about as long as the wait that expired: the other
+    ranks waited at a barrier or on the c10d store (main_process_first, a store-based barrier)
+    for the whole of that work, and the timeout ended it."""
     stores = f.of("store_timeout")
     limit_s = f.collective_limit_s()
     if not limit_s or not (f.timeouts or stores):
         return None
     if not all(_not_training_wait(t) for t in f.timeouts):
         return None
+    # A bar still drawing, or a phase that reported its length when it finished (a checkpoint
+    # save, a tokenisation pass): either way one process worked alone for about the timeout.
     bars = [b for b in f.of("progress_bar") if b.elapsed_s and b.elapsed_s >= 0.8 * limit_s]
+    bars += [p for p in f.of("phase_duration") if p.elapsed_s >= 0.8 * limit_s]
     if bars:
         return Match(
             confidence=0.75,
             summary=(
-                f"'{bars[0].desc or 'a step'}' ran {bars[0].elapsed_s} s while the other ranks "
+                f"'{bars[0].desc or 'a step'}' ran {bars[0].elapsed_s:.0f} s while the other ranks "
                 f"waited, close to the {int(limit_s)} s timeout"
             ),
             evidence=cite(bars + stores[:2], "long_preprocessing"),

@@ -20,7 +20,7 @@ from .launcher import LauncherParser
 from .lines import LineScanner, UnreadableInput
 from .nccl import NcclParser
 from .prefix import split_prefix
-from .progress import TrainerProgressParser
+from .progress import PhaseDurationParser, TrainerProgressParser
 from .pytorch import PytorchParser
 from .signatures import SignatureParser
 from .stacks import StackParser
@@ -55,6 +55,7 @@ def default_parsers() -> list[LineParser]:
         ConfigParser(),
         SignatureParser(),
         TrainerProgressParser(),
+        PhaseDurationParser(),
         StackParser(),
     ]
 

@@ -118,3 +118,81 @@ class TrainerProgressParser:
             out.extend(self._tail.get(rank, ()))
         self._head, self._tail, self._count = {}, {}, {}
         return out
+
+
+# --- phases that report their own length ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseDuration(Event):
+    """A piece of work that reported how long it took, once it finished: torchtune's
+    ``Saving checkpoint took 965.61 secs``, ``Tokenization finished in 1830 s``,
+    ``Evaluation completed in 0:31:02``. One event per description, its longest report. Work a
+    rank did alone for longer than the collective timeout is what its peers waited on."""
+
+    kind: ClassVar[str] = "phase_duration"
+    desc: str = ""
+    elapsed_s: float = 0.0
+
+
+register(PhaseDuration)
+
+_PHASE_VERBS = (" took ", " finished in ", " completed in ", " done in ")
+_PHASE = re.compile(
+    r"(?P<desc>[A-Za-z][\w ./'()-]{0,80}?)\s+(?:took|finished in|completed in|done in)\s*:?\s*"
+    r"(?:(?P<hms>\d+:\d\d:\d\d)(?:\.\d+)?|(?P<n>\d+(?:\.\d+)?)\s*"
+    r"(?P<unit>ms|milliseconds?|s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?)\b)"
+)
+# A training loop's own length says nothing about a wait: every rank runs it, in lockstep.
+_LOCKSTEP = re.compile(
+    r"\b(?:epoch|step|iter(?:ation)?|batch|train(?:ing)?|forward|backward)s?\b", re.IGNORECASE
+)
+MAX_PHASES = 100
+
+
+def _unit_seconds(unit: str) -> float:
+    if unit.startswith("ms") or unit.startswith("milli"):
+        return 0.001
+    if unit.startswith("mi"):
+        return 60.0
+    if unit.startswith("h"):
+        return 3600.0
+    return 1.0
+
+
+class PhaseDurationParser:
+    triggers = tuple(verb.encode() for verb in _PHASE_VERBS)
+
+    def __init__(self) -> None:
+        self._phases: dict[str, PhaseDuration] = {}
+
+    def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
+        text = pre.rest
+        if not any(verb in text for verb in _PHASE_VERBS) or "NCCL" in text:
+            return []
+        m = _PHASE.search(text)
+        if m is None:
+            return []
+        # The phase's name is the words after the logger's own prefix ("INFO:module:", "] ").
+        desc = re.split(r"[:\]|>]", m.group("desc"))[-1].strip(" .-")
+        if not desc or _LOCKSTEP.search(desc):
+            return []
+        if m.group("hms"):
+            h, mi, s = (int(p) for p in m.group("hms").split(":"))
+            seconds = float(h * 3600 + mi * 60 + s)
+        else:
+            seconds = float(m.group("n")) * _unit_seconds(m.group("unit").lower())
+        old = self._phases.get(desc)
+        if (old is not None and old.elapsed_s >= seconds) or (
+            old is None and len(self._phases) >= MAX_PHASES
+        ):
+            return []
+        self._phases[desc] = PhaseDuration(
+            line=line.number, text=line.text, rank=pre.rank, desc=desc[:80], elapsed_s=seconds
+        )
+        return []
+
+    def flush(self) -> list[Event]:
+        phases = sorted(self._phases.values(), key=lambda p: p.line)
+        self._phases = {}
+        return phases

@@ -277,3 +277,19 @@ def test_a_preprocessing_bar_as_long_as_the_store_wait_that_expired_names_the_ti
 def test_gloos_pair_closure_after_a_timeout_is_a_collective_failure():
     verdict = verdict_of("[rank2]: RuntimeError: Application timeout caused pair closure\n")
     assert verdict.failed
+
+
+def test_a_phase_that_reported_outlasting_the_timeout_is_what_the_barrier_waited_on():
+    save = "INFO:torchtune.utils._logging:Saving checkpoint took 965.61 secs\n"
+    barrier = "".join(watchdog(r, 28956, numel=1) for r in (4, 5))  # 600 s limit
+    verdict = verdict_of(barrier + save)
+    assert verdict.culprit == "timeout_too_short"
+    assert "preprocessing_outlasted_timeout" in rule_ids(verdict)
+    # A phase well inside the limit, or one beside a gradient-sized collective, explains nothing.
+    assert "preprocessing_outlasted_timeout" not in rule_ids(
+        verdict_of(barrier + "Saving checkpoint took 65 secs\n")
+    )
+    step = "".join(watchdog(r, 28956, numel=67108864) for r in (4, 5))
+    assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(step + save))
+    # And without an expired wait nothing failed.
+    assert not verdict_of(save).failed

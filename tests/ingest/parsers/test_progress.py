@@ -105,3 +105,33 @@ def test_a_faulthandler_dump_in_a_collective_does_not_wait_on_data():
         '  File "/home/user/train.py", line 200 in <module>\n'
     )
     assert not stack.waits_on_data and len(stack.frames) == 3
+
+
+def phases(text: str):
+    return [e for e in parse_log(text.encode()).events if e.kind == "phase_duration"]
+
+
+def test_phases_that_report_their_own_length_in_the_shapes_loggers_print():
+    found = phases(
+        "INFO:torchtune.utils._logging:Saving checkpoint took 965.61 secs\n"
+        "[2026-11-25 10:01:02,003] [INFO] [rank0] Tokenization finished in 31.5 minutes\n"
+        "2026-11-25 10:05:00 | evaluate | Evaluation completed in 0:31:02.118\n"
+        "[rank2]: Loading weights done in 850 ms\n"
+    )
+    got = {(p.desc, p.elapsed_s, p.rank) for p in found}
+    assert got == {
+        ("Saving checkpoint", 965.61, None),
+        ("Tokenization", 1890.0, None),
+        ("Evaluation", 1862.0, None),
+        ("Loading weights", 0.85, 2),
+    }
+
+
+def test_a_training_loops_length_is_no_phase_and_a_phase_keeps_its_longest_report():
+    assert (
+        phases("Epoch 3 took 2100.0 s\nstep 500 took 1.2s\nTraining completed in 3:10:00\n") == []
+    )
+    (save,) = phases(
+        "Saving checkpoint took 12 s\nSaving checkpoint took 700 s\nSaving checkpoint took 30 s\n"
+    )
+    assert save.elapsed_s == 700.0
