@@ -40,6 +40,7 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "watchdog_seq_spread": ("job_family",),
     "stack_waits_on_data": ("suspect_hosts", LOADER_KEYS),
     "network_errors": ("network_hosts",),
+    "nccl_bootstrap_socket_failed": ("config:nccl_socket_ifname",),
     "known_library_bug": ("versions",),
     "known_network_issue": ("signature_hosts",),
     "known_host_issue": ("signature_hosts",),
@@ -88,6 +89,9 @@ BASIS: dict[str, str] = {
     "stack_waits_on_data": "py-spy dump / faulthandler: the rank's main thread blocked in a "
     "queue get under torch.utils.data's DataLoader (or a trainer's data iterator)",
     "network_errors": "libibverbs ibv_wc_status codes; NCCL net_ib/socket WARN strings",
+    "nccl_bootstrap_socket_failed": "NCCL bootstrap.cc: the bootstrap is TCP sockets on "
+    "NCCL_SOCKET_IFNAME (NCCL environment-variable docs); nccl.h: ncclSystemError = 2, a "
+    "failed system call",
     "known_library_bug": "ingest/parsers/known_issues.json entries (release notes, issues)",
     "known_network_issue": "ingest/parsers/known_issues.json entries (NCCL docs, issues)",
     "known_host_issue": "ingest/parsers/known_issues.json entries (NCCL troubleshooting guide)",

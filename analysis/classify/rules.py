@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25.2"
+RULESET_VERSION = "2026.11.25.3"
 NAME_THRESHOLD = 0.5
 
 
@@ -287,6 +287,28 @@ def _network_errors(f: Facts) -> Match | None:
         suspects=tuple(
             Suspect("host", e.host, "reported the network error") for e in strong if e.host
         )[:4],
+    )
+
+
+def _bootstrap_socket_failed(f: Facts) -> Match | None:
+    """NCCL's return trace shows a system error inside its bootstrap. The bootstrap exchanges
+    the ranks' addresses over TCP sockets on NCCL_SOCKET_IFNAME before any transport exists
+    (NCCL bootstrap.cc; ncclSystemError is "a system call failed"), so the ranks could not reach
+    each other there: an interface that does not route between the hosts, a blocked port, a
+    hostname resolving elsewhere. A rank that crashed or ran out of memory closes its sockets
+    too: then the crash is the cause, and this rule stays silent."""
+    failed = f.of("nccl_bootstrap_failed")
+    if not failed or f.has_crash_or_hardware():
+        return None
+    hosts = sorted({e.host for e in failed if e.host})
+    return Match(
+        summary=(
+            "NCCL's bootstrap failed in a socket call (ncclSystemError from bootstrap.cc"
+            + (f" on {', '.join(hosts[:3])}" if hosts else "")
+            + "): the ranks could not reach each other over the bootstrap interface"
+        ),
+        evidence=cite(failed + f.of("nccl_network")[:2], "bootstrap_failed"),
+        suspects=tuple(Suspect("host", h, "its NCCL bootstrap failed") for h in hosts[:4]),
     )
 
 
@@ -867,6 +889,19 @@ RULES: tuple[Rule, ...] = (
         marks_failure=True,
     ),
     Rule(
+        "nccl_bootstrap_socket_failed",
+        "NCCL's bootstrap failed in a socket call before any collective ran",
+        ("nccl_bootstrap_failed",),
+        "network_transport",
+        0.6,
+        "Make the bootstrap interface routable between the hosts: NCCL_SOCKET_IFNAME=<the NIC "
+        "the hosts reach each other on> (exclude lo and docker0 with ^lo,docker0), open the TCP "
+        "ports between the nodes (firewall, security groups), and check that each hostname "
+        "resolves to that interface's address.",
+        _bootstrap_socket_failed,
+        marks_failure=True,
+    ),
+    Rule(
         "known_network_issue",
         "A known network fault's signature (knowledge base: RoCE GID change, IB timeouts)",
         ("known_signature",),
@@ -922,7 +957,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "preprocessing_outlasted_timeout",
         "The ranks timed out at a barrier while one process was still preprocessing",
-        ("progress_bar", "watchdog_timeout", "store_timeout"),
+        ("progress_bar", "phase_duration", "watchdog_timeout", "store_timeout"),
         "timeout_too_short",
         0.75,
         "Preprocess ahead of training (tokenize offline, or on rank 0 inside "

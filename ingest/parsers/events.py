@@ -352,6 +352,19 @@ class NcclError(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NcclBootstrapFailed(Event):
+    """NCCL's own return trace through its bootstrap with ncclSystemError (2): ``bootstrap.cc:270
+    -> 2`` (``bootstrap.cu:45 -> 2 [Net]`` before 2.4). The bootstrap is TCP sockets on
+    NCCL_SOCKET_IFNAME, so a system error there is a socket call that failed: one process per
+    host and code."""
+
+    kind: ClassVar[str] = "nccl_bootstrap_failed"
+    host: str = ""
+    local_rank: int | None = None
+    code: int = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NcclPeerClosed(Event):
     """``[Service thread] Connection closed by localRank 2``: a process on this host went away
     (crash, OOM) while its peers were still connected to it."""
@@ -541,6 +554,7 @@ for _cls in (
     NcclIbError,
     NcclIbCallFailed,
     NcclConnectFailed,
+    NcclBootstrapFailed,
     NcclError,
     NcclPeerClosed,
     GpuXid,

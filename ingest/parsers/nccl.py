@@ -22,6 +22,7 @@ import re
 from .events import (
     ConfigValue,
     Event,
+    NcclBootstrapFailed,
     NcclChannel,
     NcclConnectFailed,
     NcclError,
@@ -41,7 +42,18 @@ from .prefix import Prefix
 # exceptions that do not repeat the word NCCL.
 # "Connect to" the socket failures PyTorch 1.13+ reprints after "Last error:" on a line of their
 # own, without the NCCL WARN header.
-TRIGGERS: tuple[bytes, ...] = (b"NCCL", b"Error", b"Connect to ", b"connectFullMesh failed")
+# "bootstrap.c" NCCL's return trace through its bootstrap, which NCCL before 2.4 printed as
+# "host:pid:tid [0] INFO bootstrap.cu:45 -> 2 [Net]", without the word NCCL.
+TRIGGERS: tuple[bytes, ...] = (
+    b"NCCL",
+    b"Error",
+    b"Connect to ",
+    b"connectFullMesh failed",
+    b"bootstrap.c",
+)
+# NCCL's return trace ("<file>:<line> -> <ncclResult_t>"), through bootstrap.cc/.cu.
+_BOOTSTRAP_TRACE = re.compile(r"\bbootstrap\.cc?u?:\d+ -> (?P<code>\d+)")
+NCCL_SYSTEM_ERROR = 2  # ncclResult_t ncclSystemError (nccl.h): a system call failed
 
 # ibv_wc_status (libibverbs <infiniband/verbs.h>) → name, meaning, and whether it is usually a
 # follow-on (the queue pair was already in error because of an earlier failure).
@@ -182,6 +194,7 @@ _INFO_WANTED: tuple[bytes, ...] = (
     b"failed",
     b"Cuda failure",
     b"reset by peer",
+    b"bootstrap.c",
 )
 
 
@@ -200,15 +213,39 @@ class NcclParser:
         self._raw_channels: set[tuple[bytes, bytes]] = set()
         self._inits: set[tuple[str, str, str, str]] = set()
         self._last_error: tuple[int, str] | None = None
+        self._bootstrap: set[str] = set()
 
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest
+        if "bootstrap.c" in text and " -> " in text:
+            return self._bootstrap_trace(line, pre, text)
         if "NCCL" in text:
             if "NCCL INFO" in text or "NCCL WARN" in text:
                 return self._debug_line(line, pre, text)
             return self._other_line(line, pre, text) + self._reprinted_connect(line, pre, text)
         out = self._result_name(line, pre, text) if "nccl" in text else []
         return out + self._reprinted_connect(line, pre, text)
+
+    def _bootstrap_trace(self, line: Line, pre: Prefix, text: str) -> list[Event]:
+        m = _BOOTSTRAP_TRACE.search(text)
+        if not m or int(m.group("code")) != NCCL_SYSTEM_ERROR:
+            return []
+        head = _HEADER.search(text)
+        process = text[: head.end()] if head else str(pre.rank)
+        host, dev = self._where(text)
+        if process in self._bootstrap or len(self._bootstrap) > 10_000:
+            return []  # the trace's next frames, and the same process's other threads
+        self._bootstrap.add(process)
+        return [
+            NcclBootstrapFailed(
+                line=line.number,
+                text=line.text,
+                rank=pre.rank,
+                host=host,
+                local_rank=dev,
+                code=NCCL_SYSTEM_ERROR,
+            )
+        ]
 
     def _reprinted_connect(self, line: Line, pre: Prefix, text: str) -> list[Event]:
         """``Last error:`` followed by NCCL's own WARN text (PyTorch 1.13+), e.g.

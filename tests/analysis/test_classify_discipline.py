@@ -293,3 +293,17 @@ def test_a_phase_that_reported_outlasting_the_timeout_is_what_the_barrier_waited
     assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(step + save))
     # And without an expired wait nothing failed.
     assert not verdict_of(save).failed
+
+
+def test_a_bootstrap_socket_failure_is_the_network_unless_a_crash_explains_it():
+    trace = (
+        "node-03:2330:2658 [2] NCCL INFO misc/socket.cc:567 -> 2\n"
+        "node-03:2330:2658 [2] NCCL INFO bootstrap.cc:270 -> 2\n"
+    )
+    verdict = verdict_of(trace)
+    assert verdict.culprit == "network_transport"
+    assert "nccl_bootstrap_socket_failed" in rule_ids(verdict)
+    assert "node-03" in [s.id for s in verdict.suspects if s.kind == "host"]
+    # A rank that ran out of memory closes its sockets too: then the crash is the cause.
+    oom = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert "nccl_bootstrap_socket_failed" not in rule_ids(verdict_of(oom + trace))

@@ -60,6 +60,15 @@ def test_a_library_that_states_its_version_requirement_names_the_software_stack(
     assert "known_library_bug" in verdict.rule_ids
 
 
+def test_gloo_that_cannot_find_its_interface_names_the_network_setting():
+    verdict = verdict_of(
+        "RuntimeError: [enforce fail at ../gloo/transport/tcp/device.cc:84] ifa != nullptr. "
+        "Unable to find address for: ^lo\n"
+    )
+    assert verdict.culprit == "network_transport"
+    assert "known_network_issue" in verdict.rule_ids
+
+
 def test_a_printed_version_outside_the_affected_range_clears_the_entry():
     # nccl_comm_abort_multithread_stuck: fixed in 2.19.1, signed by its own stack frame.
     entry = known_issues()["nccl_comm_abort_multithread_stuck"]

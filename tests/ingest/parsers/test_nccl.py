@@ -304,3 +304,22 @@ def test_the_common_ibv_wc_statuses_have_a_meaning(status):
 
 def test_only_the_flush_status_is_a_follow_on():
     assert [s for s, (_, _, follow_on) in IBV_WC_STATUS.items() if follow_on] == [5]
+
+
+def test_a_system_error_in_the_bootstrap_is_one_event_per_process_in_every_era():
+    trace = (
+        # NCCL 2.3 (no "NCCL" in the line), then 2.18 with its socket frames before it
+        "seyun:17281:17552 [1] INFO bootstrap.cu:45 -> 2 [Net]\n"
+        "seyun:17281:17552 [1] INFO bootstrap.cu:259 -> 2\n"
+        "node-03:2330:2658 [2] NCCL INFO misc/socket.cc:567 -> 2\n"
+        "node-03:2330:2658 [2] NCCL INFO bootstrap.cc:270 -> 2\n"
+        "node-03:2330:2658 [2] NCCL INFO bootstrap.cc:554 -> 2\n"
+    )
+    found = events(trace, "nccl_bootstrap_failed")
+    assert [(e.host, e.local_rank, e.code) for e in found] == [("seyun", 1, 2), ("node-03", 2, 2)]
+
+
+def test_other_bootstrap_results_are_not_socket_failures():
+    # ncclInternalError (3), as "Message truncated" returns it: not a failed system call.
+    line = "compute-2:4827:6900 [4] NCCL INFO bootstrap.cc:554 -> 3\n"
+    assert events(line, "nccl_bootstrap_failed") == []
