@@ -29,7 +29,17 @@ from .prefix import Prefix
 # "exitcode" (the failed-worker line and the table), "elastic" (every torchelastic logger:
 # "Sending process … closing signal"), "Traceback", "Killed" (kernel OOM killer, shells, srun)
 # and "Error" (exception lines printed without their traceback).
-TRIGGERS: tuple[bytes, ...] = (b"exitcode", b"elastic", b"Traceback", b"Killed", b"Error")
+# "CUDA out of memory": the caching allocator's message (c10/cuda/CUDACachingAllocator.cpp) as
+# trainers quote it in their own warnings ("OOM: Ran out of memory with exception: CUDA out of
+# memory. Tried to allocate …", fairseq), on lines without an exception type.
+TRIGGERS: tuple[bytes, ...] = (
+    b"exitcode",
+    b"elastic",
+    b"Traceback",
+    b"Killed",
+    b"Error",
+    b"CUDA out of memory",
+)
 
 # Signals by number, with what they usually mean for a training worker.
 SIGNALS: dict[int, tuple[str, str]] = {
@@ -91,8 +101,8 @@ _SIGNAL_TEXT = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.*))?')
 # The last line of a traceback: a (dotted) exception name, optionally ": message".
 _EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Iteration|"
-    r"Warning|Failure|Timeout))(?::\s?(?P<msg>.*))?$"
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Iteration|"
+    r"Warning|Failure|Timeout)|Exception))(?::\s?(?P<msg>.*))?$"
 )
 # CUDA caching allocator messages:
 #   1.x-2.0: "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity;
@@ -126,7 +136,15 @@ _HARDWARE_CUDA = ("ecc error", "uncorrectable", "gpu is lost", "fallen off")
 _RDZV_TYPES = ("DistStoreError", "Rendezvous", "DistNetworkError")
 
 # A line without any of these cannot be one of ours (the NCCL INFO lines that reach every parser).
-_WORDS = ("exitcode", "closing signal", "Traceback", "Killed", "Error", "CUDA error")
+_WORDS = (
+    "exitcode",
+    "closing signal",
+    "Traceback",
+    "Killed",
+    "Error",
+    "CUDA error",
+    "CUDA out of memory",
+)
 
 MAX_TRACEBACK_LINES = 400
 MAX_TABLE_LINES = 200

@@ -307,3 +307,20 @@ def test_a_bootstrap_socket_failure_is_the_network_unless_a_crash_explains_it():
     # A rank that ran out of memory closes its sockets too: then the crash is the cause.
     oom = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     assert "nccl_bootstrap_socket_failed" not in rule_ids(verdict_of(oom + trace))
+
+
+def test_an_oom_a_trainer_recovered_from_is_no_failure_one_followed_by_a_crash_is_the_cause():
+    warning = (
+        "2020-11-06 22:55:35 | WARNING | fairseq.trainer | OOM: Ran out of memory with "
+        "exception: CUDA out of memory. Tried to allocate 28.00 MiB (GPU 1; 10.92 GiB total "
+        "capacity; 10.13 GiB already allocated)\n"
+        "2020-11-06 22:55:35 | WARNING | fairseq.trainer | attempting to recover from OOM in "
+        "forward/backward pass\n"
+    )
+    recovered = verdict_of(warning + "2020-11-06 22:56:01 | INFO | train | epoch 002 | loss 4.1\n")
+    assert not recovered.failed and recovered.culprit == "unknown"
+    crashed = verdict_of(
+        warning + 'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
+        "Exception: process 1 terminated with exit code 1\n"
+    )
+    assert crashed.culprit == "oom_or_crash"
