@@ -9,7 +9,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL    ?= redis://127.0.0.1:6379/15
 PYTEST_ARGS       ?=
 
-.PHONY: setup run test test-embedded test-services services worker beat lint format bench bench-quick clean
+.PHONY: setup run test test-busy test-embedded test-services services worker beat lint format bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ run: setup
 
 ## test: the whole suite on the embedded default, then on PostgreSQL + Redis
 test: test-embedded test-services
+
+## test-busy: `make test` with two CPU burners beside it (run it before you push)
+test-busy: setup
+	bash scripts/test-busy.sh
 
 test-embedded: setup
 	env -u DATABASE_URL -u CELERY_BROKER_URL -u REDIS_URL $(BIN)/pytest $(PYTEST_ARGS)

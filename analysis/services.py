@@ -79,10 +79,13 @@ def attempt_context(attempt: Attempt) -> IncidentContext:
     )
 
 
-def attempt_settled(attempt: Attempt, now) -> bool:
-    """All uploads parsed and none newer than the settle window."""
+def attempt_settled(attempt: Attempt, now, *, complete: bool = False) -> bool:
+    """All uploads parsed and none newer than the settle window (no window when the sender
+    says the attempt is complete)."""
     if attempt.uploads.filter(status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING]).exists():
         return False
+    if complete:
+        return True
     window = timedelta(seconds=settings.FLEETWATCH_SETTLE_SECONDS)
     return attempt.last_parsed_at is None or attempt.last_parsed_at + window <= now
 

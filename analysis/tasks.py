@@ -6,18 +6,21 @@ from celery import shared_task
 from django.utils import timezone
 
 from analysis import services
-from fleet.celery import DATABASE_TRANSIENT, redelivered, retry_countdown
+from fleet.celery import DATABASE_TRANSIENT, eager_countdowns, redelivered, retry_countdown
 from fleet.models import Attempt
 
 
 @shared_task(bind=True, max_retries=8)
-def attempt_classify(self, attempt_id: int, takeover: bool = False) -> None:
+def attempt_classify(self, attempt_id: int, takeover: bool = False, complete: bool = False) -> None:
+    """Classify the attempt once its uploads have settled: none still to be parsed and none newer
+    than the settle window, unless the sender says the attempt is ``complete`` (a loader that
+    sent every artifact of it: no window to wait out)."""
     try:
         attempt = Attempt.objects.filter(pk=attempt_id).first()
         if attempt is None:
             return
         now = timezone.now()
-        if not services.attempt_settled(attempt, now):
+        if not services.attempt_settled(attempt, now, complete=complete):
             # A later upload's own task (enqueued after it parsed) will classify the attempt.
             return
         claimed = services.attempt_claim_for_classify(attempt_id, now)
@@ -30,9 +33,12 @@ def attempt_classify(self, attempt_id: int, takeover: bool = False) -> None:
     except DATABASE_TRANSIENT as exc:
         raise self.retry(
             exc=exc,
-            kwargs={"attempt_id": attempt_id, "takeover": True},
+            kwargs={"attempt_id": attempt_id, "takeover": True, "complete": complete},
             countdown=retry_countdown(self),
         ) from exc
+
+
+eager_countdowns.complete_tasks.add(attempt_classify.name)
 
 
 @shared_task(autoretry_for=DATABASE_TRANSIENT, retry_backoff=True, max_retries=5)

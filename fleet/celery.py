@@ -4,13 +4,15 @@ Also the pieces every task module shares: which database errors are transient, w
 is a re-delivery, the retry backoff, and the sweep run whenever a worker starts.
 """
 
+import contextlib
 import logging
 import os
+import threading
 
 from celery import Celery
 from celery.signals import worker_ready
 from celery.utils.time import get_exponential_backoff_interval
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connections
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "fleet.settings")
 
@@ -44,3 +46,91 @@ def sweep_when_a_worker_starts(sender=None, **kwargs) -> None:
     from ingest.tasks import uploads_sweep
 
     task_publish(uploads_sweep)
+
+
+class EagerCountdowns:
+    """Celery's ``countdown`` for the embedded default, where tasks run eagerly in the web
+    process and there is no broker to hold a delayed message.
+
+    ``schedule`` runs the task on a daemon timer thread after the countdown; scheduling the same
+    task with the same arguments again restarts its countdown (a burst of uploads of one attempt
+    ends in one classification, the settle window after the last). The first schedule in a
+    process also sweeps once, after the countdown, for work a previous process left behind (a
+    restart drops its timers). Inside ``batch()`` nothing waits: a loader that sends whole
+    attempts (the demo fleet, the simulator) runs each scheduled task once when the batch ends,
+    with ``complete=True`` for the tasks registered in ``complete_tasks``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._timers: dict[tuple, threading.Timer] = {}
+        self._running: set[threading.Thread] = set()
+        self._batch: dict[tuple, tuple] | None = None
+        self._swept = False
+        # Tasks that take ``complete=True`` (the sender says every artifact is in).
+        self.complete_tasks: set[str] = set()
+
+    def schedule(self, task, args: tuple, countdown: float) -> None:
+        key = (task.name, tuple(args))
+        with self._lock:
+            if self._batch is not None:
+                self._batch[key] = (task, tuple(args))
+                return
+            old = self._timers.pop(key, None)
+            if old is not None:
+                old.cancel()
+            timer = threading.Timer(countdown, self._run, (key, task, tuple(args)))
+            timer.daemon = True
+            self._timers[key] = timer
+            first, self._swept = not self._swept, True
+        timer.start()
+        if first:
+            from ingest.tasks import uploads_sweep
+
+            self.schedule(uploads_sweep, (), countdown)
+
+    def _run(self, key: tuple, task, args: tuple) -> None:
+        me = threading.current_thread()
+        with self._lock:
+            if self._timers.get(key) is not me:
+                return  # cancelled or replaced while this timer fired
+            del self._timers[key]
+            self._running.add(me)
+        try:
+            task.apply(args)
+        except Exception:
+            log.exception("eager countdown of %s%r failed", task.name, args)
+        finally:
+            connections.close_all()  # this thread's connections; the next timer opens its own
+            with self._lock:
+                self._running.discard(me)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._timers)
+
+    def cancel_all(self, wait_s: float = 30.0) -> None:
+        """Cancel what has not fired; wait for what is running."""
+        with self._lock:
+            timers, self._timers = self._timers, {}
+            running = list(self._running)
+            self._swept = False
+        for timer in timers.values():
+            timer.cancel()
+        for thread in running:
+            thread.join(wait_s)
+
+    @contextlib.contextmanager
+    def batch(self):
+        with self._lock:
+            self._batch = {}
+        try:
+            yield
+        finally:
+            with self._lock:
+                scheduled, self._batch = self._batch or {}, None
+            for task, args in scheduled.values():
+                complete = {"complete": True} if task.name in self.complete_tasks else None
+                task.apply(args, complete)
+
+
+eager_countdowns = EagerCountdowns()

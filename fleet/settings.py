@@ -245,10 +245,9 @@ FLEETWATCH_SWEEP_GRACE_SECONDS = env_float("FLEETWATCH_SWEEP_GRACE_SECONDS", 120
 FLEETWATCH_SWEEP_BATCH = env_int("FLEETWATCH_SWEEP_BATCH", 500, minimum=1)
 
 # Seconds to wait after the last upload of an attempt before classifying it, so that the logs of
-# every rank join one incident. Eager mode has no delayed tasks: classify at once.
-FLEETWATCH_SETTLE_SECONDS = env_float(
-    "FLEETWATCH_SETTLE_SECONDS", 0.0 if CELERY_TASK_ALWAYS_EAGER else 10.0, minimum=0.0
-)
+# every rank join one verdict instead of one per upload. The embedded default (eager Celery)
+# waits too, on a timer thread in the server process (fleet.celery.EagerCountdowns).
+FLEETWATCH_SETTLE_SECONDS = env_float("FLEETWATCH_SETTLE_SECONDS", 10.0, minimum=0.0)
 if FLEETWATCH_SETTLE_SECONDS >= FLEETWATCH_BROKER_VISIBILITY_TIMEOUT:
     # A countdown longer than the visibility timeout is re-delivered again and again.
     raise ImproperlyConfigured(

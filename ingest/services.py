@@ -200,10 +200,17 @@ def task_publish(task, *args, **options) -> bool:
     The publish itself is bounded (CELERY_TASK_PUBLISH_RETRY_POLICY and the transport's
     timeouts), and after a failure this process leaves the broker alone for BROKER_BACKOFF, so
     during an outage a burst of uploads is answered at full speed rather than each one waiting
-    out the retries. Eager mode (no broker) runs the task here and lets its errors through."""
+    out the retries. Eager mode (no broker) runs the task here and lets its errors through, or
+    after its countdown on a timer thread (``fleet.celery.EagerCountdowns``)."""
     global _broker_down_until
     if task.app.conf.task_always_eager:
-        task.apply_async(args, **options)
+        countdown = options.pop("countdown", 0) or 0
+        if countdown > 0:
+            from fleet.celery import eager_countdowns
+
+            eager_countdowns.schedule(task, args, countdown)
+        else:
+            task.apply_async(args, **options)
         return True
     if time.monotonic() < _broker_down_until:
         log.info("broker unreachable moments ago: %s%r left to the sweeper", task.name, args)

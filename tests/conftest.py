@@ -26,6 +26,9 @@ def _tasks_run_in_process(request):
     app.conf.task_eager_propagates = True
     settings.FLEETWATCH_SETTLE_SECONDS = 0
     yield
+    from fleet.celery import eager_countdowns
+
+    eager_countdowns.cancel_all()  # a test's settle timers must not fire into the next test
     app.conf.task_always_eager, app.conf.task_eager_propagates = previous
 
 
