@@ -51,11 +51,42 @@ class UnavailableMiddleware:
                 # temporary file is unlinked all the same.
                 with contextlib.suppress(OSError):
                     handler.upload_interrupted()
-            return JsonResponse(
+            response = JsonResponse(
                 {
                     "detail": f"the server has no room for this request ({exception.strerror}); "
                     "nothing was stored: send it again later"
                 },
                 status=507,
             )
+            response["Retry-After"] = str(settings.FLEETWATCH_RETRY_AFTER_SECONDS)
+            return response
         return None
+
+
+class QueryTextMiddleware:
+    """A NUL in a query parameter is a 400 with the reason. No filter can match it (PostgreSQL
+    text cannot hold NUL, and psycopg refuses it with an error that would surface as a 500), so
+    nothing is asked of the database."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        query = request.META.get("QUERY_STRING", "")
+        if "%00" in query or "\x00" in query:
+            bad = sorted(
+                {
+                    k
+                    for k, values in request.GET.lists()
+                    if "\x00" in k or any("\x00" in v for v in values)
+                }
+            )
+            if bad:
+                return JsonResponse(
+                    {
+                        "detail": "a query parameter holds a NUL character, which no filter can "
+                        f"match: {', '.join(repr(k) for k in bad)}"
+                    },
+                    status=400,
+                )
+        return self.get_response(request)

@@ -50,6 +50,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # A database down answers 503 + Retry-After, a full disk 507, not a 500.
     "fleet.middleware.UnavailableMiddleware",
+    # A NUL in a query parameter answers 400 with the reason, before any filter runs.
+    "fleet.middleware.QueryTextMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

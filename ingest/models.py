@@ -75,8 +75,19 @@ class Upload(models.Model):
     class Meta:
         ordering = ["-received_at"]
         constraints = [
-            # The natural key that makes a retried upload a no-op.
-            models.UniqueConstraint(fields=["sha256", "host", "job"], name="upload_unique_content")
+            # The natural key that makes a retried upload a no-op: the same bytes from the same
+            # host for the same attempt and rank. The same bytes for another attempt or rank
+            # (a restarted job printing the same lines) are evidence of that one.
+            models.UniqueConstraint(
+                fields=["sha256", "host", "job", "attempt", "rank"],
+                condition=models.Q(rank__isnull=False),
+                name="upload_unique_content_rank",
+            ),
+            models.UniqueConstraint(
+                fields=["sha256", "host", "job", "attempt"],
+                condition=models.Q(rank__isnull=True),
+                name="upload_unique_content_no_rank",
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "received_at"]),

@@ -135,7 +135,8 @@ def upload_receive(
     now = timezone.now()
     host, _ = Host.objects.get_or_create(hostname=hostname)
     job, _ = Job.objects.get_or_create(external_id=job_id)
-    existing = Upload.objects.filter(sha256=sha256, host=host, job=job).first()
+    same = {"sha256": sha256, "host": host, "job": job, "attempt__number": attempt_number}
+    existing = Upload.objects.filter(**same, rank=rank).first()
     if existing is not None:
         return Received(existing, created=False)
 
@@ -185,7 +186,7 @@ def upload_receive(
             transaction.on_commit(partial(task_publish, upload_parse, upload.pk))
     except IntegrityError:
         # The same bytes arrived concurrently on another connection: that one won.
-        existing = Upload.objects.filter(sha256=sha256, host=host, job=job).first()
+        existing = Upload.objects.filter(**same, rank=rank).first()
         if existing is None:
             raise
         return Received(existing, created=False)

@@ -75,7 +75,11 @@ class UploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
                 key=request.auth,
             )
         except UploadRejected as exc:
-            return Response({"detail": str(exc)}, status=exc.status)
+            response = Response({"detail": str(exc)}, status=exc.status)
+            if exc.status == 507:
+                # The agent keeps the file and comes back (agents/uploader.py honours it).
+                response["Retry-After"] = str(settings.FLEETWATCH_RETRY_AFTER_SECONDS)
+            return response
         upload = received.upload
         return Response(
             {"id": upload.pk, "status": upload.status, "duplicate": not received.created},

@@ -53,6 +53,7 @@ def test_an_upload_bigger_than_the_free_space_is_refused_507_and_leaves_nothing(
     response = web.upload(stack.key, too_big, filename="big.log", host="gpu-d1", job="job-full")
     assert response.status == 507, json_of(response)
     assert "artifact storage is full" in json_of(response)["detail"]
+    assert int(response.headers["Retry-After"]) > 0  # the agent keeps the file and comes back
     assert files_under(small_artifact_disk) == []  # no blob, no partial file
     assert db.value("SELECT count(*) FROM ingest_upload") == 0
 
@@ -76,5 +77,6 @@ def test_a_request_body_that_fills_the_upload_spool_is_refused_507_and_leaves_no
     response = web.upload(stack.key, too_big, filename="big.log", host="gpu-d2", job="job-full")
     assert response.status == 507, json_of(response)
     assert "no room" in json_of(response)["detail"]
+    assert int(response.headers["Retry-After"]) > 0
     assert files_under(small_artifact_disk) == []
     assert stack.database.value("SELECT count(*) FROM ingest_upload") == 0

@@ -97,3 +97,24 @@ def test_an_absurd_time_filter_is_a_400_not_a_500(reader, since):
     response = reader.get("/api/v1/incidents", {"since": since})
     assert response.status_code == 400
     assert "since" in response.json()["errors"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/incidents?host=gpu%00-001",
+        "/api/v1/uploads?job=job%00",
+        "/api/v1/jobs?job=a%00b",
+        "/api/v1/hosts?search=%00",
+    ],
+)
+def test_a_nul_in_a_query_parameter_is_a_400_with_the_reason(upload, reader, path):
+    load_job(upload, "job-nul")
+    response = reader.get(path)
+    assert response.status_code == 400, response.content
+    assert "NUL" in response.json()["detail"]
+
+
+def test_a_nul_in_a_ui_filter_is_a_400_too(admin_client):
+    response = admin_client.get("/incidents/?job=%00")
+    assert response.status_code == 400

@@ -50,6 +50,22 @@ def test_the_same_bytes_for_the_same_host_and_job_answer_the_same_id(upload):
     assert Upload.objects.count() == 1
 
 
+def test_the_same_bytes_for_another_attempt_or_rank_are_that_ones_evidence(upload):
+    from fleet.models import Attempt
+
+    first = upload("same lines\n", job="j", attempt=0, rank=5).json()["id"]
+    restarted = upload("same lines\n", job="j", attempt=1, rank=5).json()
+    other_rank = upload("same lines\n", job="j", attempt=1, rank=6).json()
+    assert len({first, restarted["id"], other_rank["id"]}) == 3
+    assert not restarted["duplicate"] and not other_rank["duplicate"]
+    assert Attempt.objects.filter(job__external_id="j", number=1).exists()
+    # A retry of any of them is still a no-op, with or without a rank.
+    assert upload("same lines\n", job="j", attempt=1, rank=5).json()["id"] == restarted["id"]
+    no_rank = upload("same lines\n", job="j", attempt=1).json()["id"]
+    assert upload("same lines\n", job="j", attempt=1).json()["id"] == no_rank
+    assert Upload.objects.count() == 4
+
+
 def test_the_same_bytes_from_another_host_are_a_new_upload(upload):
     a = upload("same\n", host="gpu-a").json()["id"]
     b = upload("same\n", host="gpu-b").json()["id"]
