@@ -17,7 +17,7 @@ from fleet.models import Attempt
 from ingest.models import Event, Upload
 from ingest.parsers import parse_log
 from ingest.parsers.events import event_from_row
-from ingest.services import artifact_requests_for_incident
+from ingest.services import artifact_requests_for_incident, task_publish
 
 # Events read per incident at most: a pathological log cannot make classification unbounded.
 MAX_EVENTS_PER_ATTEMPT = 200_000
@@ -197,7 +197,10 @@ def fleet_correlate_soon() -> None:
 
     delay = settings.FLEETWATCH_CORRELATE_SECONDS
     if delay and cache.add("fleetwatch:correlate-pending", 1, timeout=delay):
-        fleet_correlate.apply_async(countdown=delay)
+        # Through task_publish like every publish: a broker that is down costs a log line, not
+        # the classification that committed (beat recomputes anyway); in the embedded default
+        # it runs on the settle timer, not inside the request that opened the incident.
+        task_publish(fleet_correlate, countdown=delay)
 
 
 def vars_(item) -> dict:
