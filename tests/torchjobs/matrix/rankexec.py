@@ -31,7 +31,9 @@ def main(argv: list[str]) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, note)
-    with (host_dir / f"rank{rank}.log").open("ab") as log:
+    # MATRIX_LOG_NAME (run.py --shared-root): logs named by job in a directory jobs share.
+    name = os.environ.get("MATRIX_LOG_NAME", "rank{rank}.log").format(rank=rank)
+    with (host_dir / name).open("ab") as log:
         child = subprocess.Popen([sys.executable, *command], stdout=log, stderr=subprocess.STDOUT)
         code = child.wait()
     codes_dir.mkdir(parents=True, exist_ok=True)

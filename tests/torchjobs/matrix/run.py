@@ -1,7 +1,7 @@
 """Run one 4-rank job of the fault matrix as two simulated hosts of two ranks each.
 
     python -m tests.torchjobs.matrix.run FAULT OUTDIR [--planted-rank N] [--job-id ID]
-                                          [--deadline SECONDS]
+                                          [--deadline SECONDS] [--shared-root DIR]
 
 Two torchrun invocations (--nnodes=2 --nproc-per-node=2, --node-rank 0 and 1, static
 rendezvous on 127.0.0.1 with a free port) run train.py. Static rendezvous fixes the placement:
@@ -16,6 +16,9 @@ global ranks 0-1 on host-a, 2-3 on host-b. OUTDIR gets:
                      signal, null if it was never recorded (killed at the deadline)
   harness.json       job id, port, wall time, the launchers' exit codes, whether the deadline hit
   DEADLINE_KILLED.txt  only when the deadline killed the job
+
+With --shared-root DIR, each host's Fleetwatch root and rank logs live under DIR/<host>/
+instead (fleetwatch/, logs/<job>.rank<R>.log), shared with any other job run with the same DIR.
 
 Nothing under OUTDIR names the fault. Exits 0 when the job ended by itself (whatever its
 outcome), 124 when the deadline killed it.
@@ -70,7 +73,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def host_env(host_dir: Path, host: str) -> dict[str, str]:
+def host_env(fleetwatch_root: Path, host: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -79,7 +82,7 @@ def host_env(host_dir: Path, host: str) -> dict[str, str]:
         not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
     }
     env.update(
-        FLEETWATCH_ROOT=str(host_dir / "fleetwatch"),
+        FLEETWATCH_ROOT=str(fleetwatch_root),
         FLEETWATCH_HOST=host,
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
         PYTHONDONTWRITEBYTECODE="1",
@@ -90,11 +93,25 @@ def host_env(host_dir: Path, host: str) -> dict[str, str]:
 
 
 def launch(
-    node_rank: int, outdir: Path, port: int, job_id: str, train_args: list[str]
+    node_rank: int,
+    outdir: Path,
+    port: int,
+    job_id: str,
+    train_args: list[str],
+    shared_root: Path | None = None,
 ) -> subprocess.Popen:
     host = HOSTS[node_rank]
     host_dir = outdir / host
     host_dir.mkdir(parents=True)
+    # --shared-root: the host's Fleetwatch root (spool, run dir) and its log directory are
+    # shared with whatever other job runs on that host at the same time, and rank logs are
+    # named by job (as `--output=%j.%t.log` names them), so two jobs write side by side.
+    fleetwatch_root = (shared_root / host if shared_root else host_dir) / "fleetwatch"
+    log_dir = shared_root / host / "logs" if shared_root else host_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = host_env(fleetwatch_root, host)
+    if shared_root:
+        env["MATRIX_LOG_NAME"] = job_id + ".rank{rank}.log"
     cmd = [
         sys.executable,
         "-m",
@@ -111,7 +128,7 @@ def launch(
         f"--log-dir={host_dir / 'torchelastic'}",
         "-m",
         "tests.torchjobs.matrix.rankexec",
-        str(host_dir),
+        str(log_dir),
         str(outdir / ".exit"),
         "--",
         str(TRAIN),
@@ -122,7 +139,7 @@ def launch(
         return subprocess.Popen(
             cmd,
             cwd=host_dir,
-            env=host_env(host_dir, host),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=console,
             stderr=subprocess.STDOUT,
@@ -191,6 +208,7 @@ def run(
     planted_rank: int | None = None,
     job_id: str | None = None,
     deadline_s: float = DEADLINE_S,
+    shared_root: str | Path | None = None,
 ) -> dict:
     if fault not in FAULTS:
         raise SystemExit(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
@@ -205,7 +223,8 @@ def run(
         train_args += ["--planted-rank", str(planted_rank)]
 
     started = time.monotonic()
-    launchers = [launch(k, outdir, port, job_id, train_args) for k in range(len(HOSTS))]
+    shared = Path(shared_root).resolve() if shared_root else None
+    launchers = [launch(k, outdir, port, job_id, train_args, shared) for k in range(len(HOSTS))]
     tree = Tree()
     deadline_hit = False
     while any(p.poll() is None for p in launchers):
@@ -274,10 +293,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--planted-rank", type=int, default=None)
     p.add_argument("--job-id", default=None)
     p.add_argument("--deadline", type=float, default=DEADLINE_S)
+    p.add_argument(
+        "--shared-root",
+        type=Path,
+        default=None,
+        help="hosts' Fleetwatch root and log directory shared with other jobs running now",
+    )
     args = p.parse_args(argv)
     if args.planted_rank is not None and not 0 <= args.planted_rank < NPROC * len(HOSTS):
         p.error("--planted-rank must be 0..3")
-    result = run(args.fault, args.outdir, args.planted_rank, args.job_id, args.deadline)
+    result = run(
+        args.fault,
+        args.outdir,
+        args.planted_rank,
+        args.job_id,
+        args.deadline,
+        shared_root=args.shared_root,
+    )
     print(json.dumps({"fault": args.fault, **result}))
     return 124 if result["deadline_hit"] else 0
 
