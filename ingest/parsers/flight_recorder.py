@@ -39,7 +39,19 @@ KEEP_PER_PG = 16
 # Frames are kept for the newest entries only; they are what an engineer reads first.
 FRAMES_PER_PG = 3
 MAX_FRAMES = 12
-MAX_DUMP_BYTES = 1 << 30
+# What a dump may cost to read. PyTorch keeps TORCH_FR_BUFFER_SIZE entries (2,000 by default;
+# the integration sets 2,000): a real dump is about 0.5 KB of JSON per entry (1 MB at the
+# default; a 2.10-format gloo dump of 309 entries is 145 KB), each entry a handful of containers
+# plus one per stack frame. 64 MiB and 2 M containers leave room for buffers past 20,000 entries
+# with deep stacks. Past them the dump is refused before it is decoded: 16 M empty dicts are a
+# 16 KB gzip and 1.4 GB of objects, and a JSON list of them took 22 s and 1.3 GB here.
+MAX_DUMP_BYTES = 64 << 20
+MAX_CONTAINERS = 2_000_000
+# Bytes that open a container: JSON's { and [; pickle's EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE, MARK
+# (before LIST, DICT, TUPLE), TUPLE1-3, EMPTY_SET, FROZENSET. Counted over the whole dump, string
+# bytes included, so the count is an upper bound on the containers decoding would make.
+_JSON_OPENERS = (b"{", b"[")
+_PICKLE_OPENERS = (b"}", b"]", b")", b"(", b"\x85", b"\x86", b"\x87", b"\x8f", b"\x91")
 SUPPORTED_VERSIONS = ((2, 3), (2, 10))
 
 
@@ -115,10 +127,29 @@ class SafeUnpickler(pickle.Unpickler):
 def _read_all(stream: BinaryIO) -> bytes:
     raw = stream.read(MAX_DUMP_BYTES + 1)
     if raw[:2] == b"\x1f\x8b":
+        # In 1 MiB steps: a read of the whole bound at once allocates the whole bound.
+        parts, held = [], 0
         with gzip.GzipFile(fileobj=io.BytesIO(raw)) as inflated:
-            raw = inflated.read(MAX_DUMP_BYTES + 1)
+            while held <= MAX_DUMP_BYTES:
+                part = inflated.read(1 << 20)
+                if not part:
+                    break
+                parts.append(part)
+                held += len(part)
+        raw = b"".join(parts)
+        del parts
     if len(raw) > MAX_DUMP_BYTES:
-        raise ValueError(f"dump larger than {MAX_DUMP_BYTES} bytes")
+        raise ValueError(
+            f"dump larger than {MAX_DUMP_BYTES >> 20} MiB (inflated): no Flight Recorder buffer "
+            "is that large; refused before decoding"
+        )
+    openers = _PICKLE_OPENERS if raw[:1] == b"\x80" else _JSON_OPENERS
+    containers = sum(raw.count(opener) for opener in openers)
+    if containers > MAX_CONTAINERS:
+        raise ValueError(
+            f"dump would build up to {containers:,} containers (limit {MAX_CONTAINERS:,}): no "
+            "Flight Recorder buffer holds that many entries; refused before decoding"
+        )
     return raw
 
 

@@ -78,3 +78,31 @@ def test_a_wide_json_value_in_a_hw_stats_string_field_is_not_rendered_whole():
     (event,) = result.events
     assert event.pci == "" and event.name == "" and event.host == "" and event.throttle == ()
     assert len(event.text) < 500
+
+
+def test_flight_recorder_container_bombs_are_refused_before_decoding():
+    from ingest.parsers import flight_recorder
+
+    n = flight_recorder.MAX_CONTAINERS * 4
+    # A pickle of millions of empty dicts (EMPTY_DICT is one byte each; gzip makes it ~16 KB)
+    # and the same as JSON: each would build gigabytes of objects if decoded.
+    pickled = b"\x80\x02}X\x07\x00\x00\x00entries](" + b"}" * n + b"eu."
+    as_json = b'{"entries": [' + b"{}," * n + b"{}]}"
+    for body in (pickled, as_json):
+        bomb = gzip.compress(body, compresslevel=9, mtime=0)
+        assert len(bomb) < 200_000
+        result, peak = peak_bytes(
+            lambda bomb=bomb: flight_recorder.parse_flight_recorder(bomb, source="fr.rank0")
+        )
+        assert not result.complete and not result.events
+        assert "containers" in result.issues[0].message
+        # The inflated bytes are held to count them; nothing is built from them.
+        assert peak < 2 * len(body) + (8 << 20), peak
+
+
+def test_a_flight_recorder_dump_past_any_buffers_size_is_refused_unread():
+    from ingest.parsers import flight_recorder
+
+    body = b'{"entries": [], "pad": "' + b"x" * flight_recorder.MAX_DUMP_BYTES + b'"}'
+    result = flight_recorder.parse_flight_recorder(gzip.compress(body, mtime=0), source="r0")
+    assert not result.complete and "MiB" in result.issues[0].message

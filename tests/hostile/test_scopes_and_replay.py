@@ -230,9 +230,10 @@ def test_a_replayed_upload_is_the_same_upload_and_adds_nothing(upload, case):
         list(Incident.objects.values_list("pk", "classified_at")),
         list(Upload.objects.values_list("pk", "status", "parsed_at", "error")),
     )
-    # Again, then again with other form fields: the same bytes for the same host and job.
+    # Again, then again under another file name: the same bytes for the same host, job,
+    # attempt and rank.
     again = upload(body, name=name, kind=kind, job="job-replay", rank=0)
-    renamed = upload(body, name="other-name.bin", kind=kind, job="job-replay", rank=5, attempt=3)
+    renamed = upload(body, name="other-name.bin", kind=kind, job="job-replay", rank=0)
     for replay in (again, renamed):
         assert replay.status_code == 202
         assert replay.json() == {
@@ -246,7 +247,13 @@ def test_a_replayed_upload_is_the_same_upload_and_adds_nothing(upload, case):
         list(Incident.objects.values_list("pk", "classified_at")),
         list(Upload.objects.values_list("pk", "status", "parsed_at", "error")),
     ) == state
-    assert not Attempt.objects.filter(number=3).exists()  # the replay's fields made nothing
+    assert not Attempt.objects.filter(number=3).exists()
+    # The same bytes for another attempt and rank are that attempt's evidence (a restarted job
+    # prints the same lines): a new upload, never attempt 0's id.
+    restarted = upload(body, name=name, kind=kind, job="job-replay", rank=5, attempt=3)
+    assert restarted.status_code == 202 and restarted.json()["duplicate"] is False
+    assert restarted.json()["id"] != first.json()["id"]
+    assert Attempt.objects.filter(number=3).exists()
 
 
 def test_a_replay_from_another_host_or_job_is_a_new_upload(upload):
