@@ -45,6 +45,10 @@ MAX_POINTS = 256  # step series kept per rank; longer runs are averaged into buc
 KEEP_COLLECTIVES = 128
 # c10d ops that are collectives of a group (p2p ops have their own sequence in the recorder).
 _C10D_P2P = ("c10d::send", "c10d::recv", "c10d::recv_", "c10d::recv_any_source_")
+# An agent's summary of a trace (summarize_trace) is a few KB: MAX_POINTS steps, the kept
+# collectives, a handful of totals. Past 1 MiB it is no summary, and decoding JSON costs up to
+# ~20x its bytes in objects.
+MAX_SUMMARY_BYTES = 1 << 20
 MAX_PENDING = 200_000  # intervals waiting for their step (events that come before the step)
 
 _STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
@@ -533,8 +537,13 @@ def parse_trace(stream: BinaryIO | bytes, *, source: str = "") -> LogParse:
         head = stream.read(4096)
         rest = io.BufferedReader(_Chain(head, stream))  # type: ignore[arg-type]
         if _is_summary(head):
+            text = rest.read(MAX_SUMMARY_BYTES + 1)
+            if len(text) > MAX_SUMMARY_BYTES:
+                raise TraceError(
+                    f"a trace summary is a few KB; this one is over {MAX_SUMMARY_BYTES >> 20} MiB"
+                )
             try:
-                summary = json.loads(rest.read(1 << 24))
+                summary = json.loads(text)
             except RecursionError:
                 raise TraceError("summary JSON nested too deeply") from None
             if not isinstance(summary, dict):

@@ -106,3 +106,13 @@ def test_a_flight_recorder_dump_past_any_buffers_size_is_refused_unread():
     body = b'{"entries": [], "pad": "' + b"x" * flight_recorder.MAX_DUMP_BYTES + b'"}'
     result = flight_recorder.parse_flight_recorder(gzip.compress(body, mtime=0), source="r0")
     assert not result.complete and "MiB" in result.issues[0].message
+
+
+def test_a_trace_summary_past_any_real_ones_size_is_refused_undecoded():
+    from ingest.parsers import trace
+
+    head = json.dumps({"format": trace.SUMMARY_FORMAT}).encode()[:-1]
+    body = head + b', "pad": [' + b"{}," * (1 << 20) + b"{}]}"
+    result = parse_artifact(gzip.compress(body, mtime=0), kind="trace", source="t.rank0.json")
+    assert not result.complete and not result.events
+    assert f"over {trace.MAX_SUMMARY_BYTES >> 20} MiB" in result.issues[0].message
