@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.torchjobs.matrix_runs import REPO, RUN_TIMEOUT_S, expected, job_id
+from tests.torchjobs.matrix_runs import REPO, RUN_TIMEOUT_S, agent_over, expected, job_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -43,31 +43,6 @@ def concurrent_runs() -> tuple[Path, dict[str, Path]]:
     return shared, out
 
 
-def shared_agent(shared: Path, host: str, server: str, key: str):
-    from agents.agent import Agent
-    from agents.config import load_config
-
-    root = shared / host
-    return Agent(
-        load_config(
-            environ={},
-            server=server,
-            key=key,
-            host=host,
-            spool_dir=str(root / "fleetwatch" / "spool"),
-            run_dir=str(root / "fleetwatch" / "run"),
-            logs=(str(root / "logs" / "*.log"),),
-            kernel_logs=(),
-            ib_sysfs=str(root / "no-infiniband"),
-            poll_s=0.2,
-            log_flush_s=0.2,
-            stats_interval_s=3600.0,
-            backoff_base_s=0.2,
-            backoff_max_s=1.0,
-        )
-    )
-
-
 def test_two_jobs_sharing_hosts_dirs_each_get_their_own_uploads_and_verdict(live_server, make_key):
     from analysis.models import Incident
     from fleet.models import Attempt
@@ -76,7 +51,8 @@ def test_two_jobs_sharing_hosts_dirs_each_get_their_own_uploads_and_verdict(live
     shared, runs = concurrent_runs()
     key = make_key("upload")
     for host in HOSTS:
-        agent = shared_agent(shared, host, live_server.url, key)
+        logs = (str(shared / host / "logs" / "*.log"),)
+        agent = agent_over(shared / host, host, live_server.url, key, logs=logs)
         assert agent.flush(timeout_s=60), f"{host}: spool not drained"
         assert agent.spool.names() == []
     jobs = {fault: job_id(outdir) for fault, outdir in runs.items()}

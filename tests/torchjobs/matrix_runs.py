@@ -75,21 +75,34 @@ def host_agent(outdir: Path, host: str, server: str, key: str):
     """The fleetwatch-agent of one simulated host of a matrix job, run after the job ended over
     what it left there: its logs, the integration's spool and run directory (Flight Recorder
     dumps, heartbeats)."""
+    root = outdir / host
+    return agent_over(
+        root,
+        host,
+        server,
+        key,
+        logs=(str(root / "rank*.log"), str(root / "torchrun.log")),
+        job=job_id(outdir),  # files that name no job belong to the job that ran here
+    )
+
+
+def agent_over(root: Path, host: str, server: str, key: str, *, logs, job: str = ""):
+    """An agent over one host's Fleetwatch root (``root/fleetwatch``: spool, run directory),
+    following ``logs``; with no ``job``, files are attributed by the jobs' heartbeats."""
     from agents.agent import Agent
     from agents.config import load_config
 
-    root = outdir / host
     return Agent(
         load_config(
             environ={},
             server=server,
             key=key,
             host=host,
-            job=job_id(outdir),  # files that name no job belong to the job that ran here
+            job=job,
             attempt=0,
             spool_dir=str(root / "fleetwatch" / "spool"),
             run_dir=str(root / "fleetwatch" / "run"),
-            logs=(str(root / "rank*.log"), str(root / "torchrun.log")),
+            logs=tuple(logs),
             kernel_logs=(),
             ib_sysfs=str(root / "no-infiniband"),
             poll_s=0.2,
