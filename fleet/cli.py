@@ -51,8 +51,10 @@ def diagnose(paths: list[str], *, jobs: int = 1):
     return diagnose_with_similar(paths, jobs=jobs)[0]
 
 
-def diagnose_with_similar(paths: list[str], *, jobs: int = 1):
-    """The verdict, and the resolved public incidents most like these files."""
+def diagnose_with_similar(paths: list[str], *, jobs: int = 1, notes: list | None = None):
+    """The verdict, and the resolved public incidents most like these files. ``notes``, when
+    given, collects what the reader should know of how the files were read (events dropped
+    past the bound)."""
     from analysis.classify import IncidentContext, classify
     from analysis.corpus.similar import similar_cases
     from ingest.parsers import parse_files
@@ -63,6 +65,9 @@ def diagnose_with_similar(paths: list[str], *, jobs: int = 1):
     events = []
     ranks: set[int] = set()
     for path, result in zip(files, parse_files(files, jobs=jobs), strict=True):
+        if notes is not None and result.dropped_events:
+            said = (i.message for i in result.issues if "were dropped" in i.message)
+            notes.append(f"{path}: " + next(said, f"{result.dropped_events} events dropped"))
         rank = rank_of_file(path, result.events)
         if rank is not None:
             ranks.add(rank)
@@ -193,10 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "diagnose":
         try:
             # parse_files keeps jobs in 1..files
-            verdict, similar = diagnose_with_similar(args.paths, jobs=args.jobs)
+            notes: list[str] = []
+            verdict, similar = diagnose_with_similar(args.paths, jobs=args.jobs, notes=notes)
         except OSError as exc:
             print(f"fleetwatch diagnose: {exc}", file=sys.stderr)
             return EXIT_UNREADABLE
+        for note in notes:
+            print(f"fleetwatch diagnose: {note}", file=sys.stderr)
         if args.json:
             print(json.dumps(to_json(verdict, similar), indent=2))
         else:

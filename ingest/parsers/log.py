@@ -9,6 +9,7 @@ of a plain byte scan on logs that are mostly training noise.
 from __future__ import annotations
 
 import io
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
@@ -32,6 +33,10 @@ HEAD_BYTES = 2 << 20
 # Enough for every rank of a 16k-rank job to report a timeout, progress and a stack twice over,
 # and small enough that a log of nothing but matching lines cannot exhaust memory.
 MAX_EVENTS = 100_000
+# Past MAX_EVENTS the middle of the log gives way: the first HEAD_EVENTS (start-up settings,
+# communicator init) and the newest events are kept. A failing job's end (the Xid, the
+# timeouts, the traceback) is what a diagnosis needs most; keeping the first 100,000 dropped it.
+HEAD_EVENTS = MAX_EVENTS // 4
 
 
 class LineParser(Protocol):
@@ -82,17 +87,38 @@ class LogParse:
 @dataclass
 class _Collector:
     source: str
-    events: list[Event] = field(default_factory=list)
+    head: list[Event] = field(default_factory=list)
+    tail: deque = field(default_factory=lambda: deque(maxlen=MAX_EVENTS - HEAD_EVENTS))
     dropped: int = 0
+    first_dropped_line: int | None = None
 
     def add(self, new: Iterable[Event]) -> None:
         for event in new:
-            if len(self.events) >= MAX_EVENTS:
-                self.dropped += 1
-                continue
             if self.source and not event.source:
                 event = _with_source(event, self.source)
-            self.events.append(event)
+            if len(self.head) < HEAD_EVENTS:
+                self.head.append(event)
+                continue
+            if len(self.tail) == self.tail.maxlen:
+                gone = self.tail[0]  # the oldest of the tail gives way to the newest
+                self.dropped += 1
+                if self.first_dropped_line is None:
+                    self.first_dropped_line = gone.line
+            self.tail.append(event)
+
+    @property
+    def events(self) -> list[Event]:
+        return [*self.head, *self.tail]
+
+    def issue(self) -> ParseIssue | None:
+        if not self.dropped:
+            return None
+        return ParseIssue(
+            self.first_dropped_line or 0,
+            f"{self.dropped} events from the middle of the log were dropped (more than "
+            f"{MAX_EVENTS}): the first {HEAD_EVENTS} and the newest "
+            f"{MAX_EVENTS - HEAD_EVENTS} are kept",
+        )
 
 
 def _with_source(event: Event, source: str) -> Event:
@@ -140,6 +166,9 @@ def parse_log(
         issues.append(ParseIssue(last_line, str(exc)))
     for parser in parsers:
         out.add(parser.flush())
+    dropped = out.issue()
+    if dropped is not None:
+        issues.insert(0, dropped)
     return LogParse(
         source=source,
         events=tuple(out.events),

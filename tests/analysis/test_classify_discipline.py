@@ -324,3 +324,24 @@ def test_an_oom_a_trainer_recovered_from_is_no_failure_one_followed_by_a_crash_i
         "Exception: process 1 terminated with exit code 1\n"
     )
     assert crashed.culprit == "oom_or_crash"
+
+
+def test_past_the_event_bound_the_logs_end_is_kept_and_the_drop_is_said():
+    from ingest.parsers.log import MAX_EVENTS
+
+    # A log heavy in communicator start-up lines (each a distinct event) whose end is a GPU that
+    # fell off the bus and the timeouts it caused: the end is what names the cause.
+    init = "".join(
+        f"node-{i % 64:02d}:{1000 + i}:{2000 + i} [0] NCCL INFO comm 0x{i:x} rank {i % 8} nranks 8 "
+        f"cudaDev 0 busId 1000 commId 0x{i:x} - Init COMPLETE\n"
+        for i in range(MAX_EVENTS + 30_000)
+    )
+    end = (
+        "[1821733.120011] NVRM: Xid (PCI:0000:3b:00): 79, pid=48211, name=python, GPU has "
+        "fallen off the bus.\n" + "".join(watchdog(r, 90211) for r in (0, 1, 2))
+    )
+    parsed = parse_log((init + end).encode(), source="big.log")
+    assert parsed.dropped_events > 0
+    assert "dropped" in parsed.issues[0].message
+    assert parsed.of_kind("gpu_xid") and parsed.of_kind("watchdog_timeout")
+    assert classify(parsed.events).culprit == "bad_node_hardware"

@@ -114,3 +114,18 @@ def test_a_file_that_cannot_be_read_in_a_pool_raises_as_it_would_alone(tmp_path,
 
     with pytest.raises(OSError):
         list(parse_files([tmp_path / "rank1.log", tmp_path / "rank9.log"], jobs=2))
+
+
+def test_diagnose_says_when_events_past_the_bound_were_dropped(tmp_path, capsys):
+    from ingest.parsers.log import MAX_EVENTS
+
+    lines = (
+        f"n{i % 64}:{1000 + i}:{2000 + i} [0] NCCL INFO comm 0x{i:x} rank {i % 8} nranks 8 "
+        f"cudaDev 0 busId 1000 commId 0x{i:x} - Init COMPLETE\n"
+        for i in range(MAX_EVENTS + 10_000)
+    )
+    log = tmp_path / "rank0.log"
+    log.write_text("".join(lines))
+    assert main(["diagnose", str(log)]) == 0
+    err = capsys.readouterr().err
+    assert "were dropped" in err and "the newest" in err
