@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "rest_framework_api_key",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "fleet",
     "ingest",
     "analysis",
@@ -292,6 +293,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Uploads from GPU hosts, incidents with their culprit, fleet inventory.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from this server's static files, never a CDN: clusters have no internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 LOGGING = {
