@@ -125,3 +125,29 @@ def test_host_check_over_the_api_with_a_read_key(live_server, make_key):
     assert check("gpu-none", "--url", live_server.url, "--key", key)[0] == 3
     code, line = check("gpu-bad", "--url", live_server.url, "--key", "wrong")
     assert code == 3 and "HTTP 401" in line
+
+
+def test_every_dashboard_query_names_a_series_the_exporter_exposes(client):
+    # Counters are exposed with their _total suffix; a panel that drops it shows no data, and
+    # delta() on a counter misreads a reset (Prometheus docs: use increase()/rate()).
+    import json
+    import re
+
+    incident_on("gpu-bad")
+    exposed = set()
+    for family in text_string_to_metric_families(client.get("/metrics").content.decode()):
+        # A family is exposed even with no samples yet (no drain requested so far).
+        exposed.add(family.name + ("_total" if family.type == "counter" else ""))
+    dashboard = json.loads(
+        (settings.BASE_DIR / "fleet" / "grafana" / "fleetwatch.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if "expr" in t]
+    assert exprs
+    for expr in exprs:
+        for name in re.findall(r"\bfleetwatch_[a-z_]+", expr):
+            if name == "fleetwatch_queue_depth" and not settings.CELERY_BROKER_URL.startswith(
+                "redis://"
+            ):
+                continue  # only with a broker to ask
+            assert name in exposed, (expr, sorted(exposed))
+        assert not re.search(r"\bdelta\(\s*fleetwatch_\w+_total", expr), expr
