@@ -4,6 +4,7 @@ fleetwatch-agent run [--config FILE]          follow, spool and upload until SIG
 fleetwatch-agent once [--config FILE]         one collection pass, then upload what it can
 fleetwatch-agent report-attempt --job J --event start|end [--status S] [--rank N …]
 fleetwatch-agent status                       what the spool holds (per job) and has dropped
+fleetwatch-agent check [--drain] [--node N]   this host's verdict for Slurm/NHC (agents/check.py)
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import argparse
 import json
 import logging
 import signal
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from . import records
 from .agent import Agent
@@ -52,6 +55,28 @@ def _report_attempt(config, args) -> int:
     return 0
 
 
+def _check(config, args) -> int:
+    from . import check
+
+    try:
+        key = Path(config.read_key_file).read_text().strip() if config.read_key_file else ""
+        verdict = check.host_verdict(
+            config.server, key or config.api_key(), config.host, args.timeout
+        )
+    except Exception as exc:  # any failure to ask: fail open, never drain on an outage
+        print(f"fleetwatch-agent check: no verdict ({exc}); failing open", file=sys.stderr)
+        return 0
+    node = args.node or config.host.split(".")[0]
+    try:
+        done = check.apply(node, verdict, drain=args.drain)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"fleetwatch-agent check: slurm: {exc}", file=sys.stderr)
+        done = f"slurm failed: {exc}"
+    reasons = "; ".join(verdict.get("reasons") or ()) or "-"
+    print(f"{config.host}: {verdict['verdict']} ({reasons}); action: {done}")
+    return check.EXIT[verdict["verdict"]]
+
+
 # A stop (SIGTERM, SIGINT) ends the agent within this many seconds, whatever the spool holds.
 SHUTDOWN_S = 4.0
 
@@ -71,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--status", choices=["succeeded", "failed", "unknown"])
     report.add_argument("--rank", type=int, action="append", help="a rank on this host")
     report.add_argument("--world-size", type=int)
+    check = sub.add_parser(
+        "check", help="this host's verdict for Slurm/NHC: exit 0 ok, 1 watch, 2 drain"
+    )
+    check.add_argument("--drain", action="store_true", help="drain/resume the node via scontrol")
+    check.add_argument("--node", help="Slurm node name (else the configured host)")
+    check.add_argument("--timeout", type=float, default=10.0)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -86,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.event == "end" and not args.status:
             parser.error("--event end needs --status")
         return _report_attempt(config, args)
+    if args.command == "check":
+        return _check(config, args)
     if args.command == "status":
         spool = Spool(config.spool_dir, max_bytes=config.spool_max_bytes)
         items, size = spool.usage()

@@ -30,6 +30,8 @@ class AgentConfig:
     server: str = ""  # base URL, e.g. https://fleetwatch.example.com
     key: str = ""  # an upload-scoped key (or key_file)
     key_file: str = ""
+    # A read-scoped key for `fleetwatch-agent check` (the host's verdict); else the key above.
+    read_key_file: str = ""
     host: str = field(default_factory=socket.gethostname)
     spool_dir: str = str(DEFAULT_ROOT / "spool")
     # Where the torch integration writes heartbeats, Flight Recorder dumps and dump pipes.
