@@ -33,10 +33,10 @@ HEAD_BYTES = 2 << 20
 # Enough for every rank of a 16k-rank job to report a timeout, progress and a stack twice over,
 # and small enough that a log of nothing but matching lines cannot exhaust memory.
 MAX_EVENTS = 100_000
-# Past MAX_EVENTS the middle of the log gives way: the first HEAD_EVENTS (start-up settings,
+# Past MAX_EVENTS the middle of the log gives way: the first quarter (start-up settings,
 # communicator init) and the newest events are kept. A failing job's end (the Xid, the
 # timeouts, the traceback) is what a diagnosis needs most; keeping the first 100,000 dropped it.
-HEAD_EVENTS = MAX_EVENTS // 4
+HEAD_SHARE = 4
 
 
 class LineParser(Protocol):
@@ -88,15 +88,18 @@ class LogParse:
 class _Collector:
     source: str
     head: list[Event] = field(default_factory=list)
-    tail: deque = field(default_factory=lambda: deque(maxlen=MAX_EVENTS - HEAD_EVENTS))
     dropped: int = 0
     first_dropped_line: int | None = None
+
+    def __post_init__(self) -> None:
+        self.head_cap = MAX_EVENTS // HEAD_SHARE
+        self.tail: deque[Event] = deque(maxlen=MAX_EVENTS - self.head_cap)
 
     def add(self, new: Iterable[Event]) -> None:
         for event in new:
             if self.source and not event.source:
                 event = _with_source(event, self.source)
-            if len(self.head) < HEAD_EVENTS:
+            if len(self.head) < self.head_cap:
                 self.head.append(event)
                 continue
             if len(self.tail) == self.tail.maxlen:
@@ -116,8 +119,8 @@ class _Collector:
         return ParseIssue(
             self.first_dropped_line or 0,
             f"{self.dropped} events from the middle of the log were dropped (more than "
-            f"{MAX_EVENTS}): the first {HEAD_EVENTS} and the newest "
-            f"{MAX_EVENTS - HEAD_EVENTS} are kept",
+            f"{MAX_EVENTS}): the first {self.head_cap} and the newest {self.tail.maxlen} are "
+            "kept",
         )
 
 
