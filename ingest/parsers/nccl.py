@@ -231,8 +231,9 @@ class NcclParser:
         if not m or int(m.group("code")) != NCCL_SYSTEM_ERROR:
             return []
         head = _HEADER.search(text)
-        process = text[: head.end()] if head else str(pre.rank)
-        host, dev = self._where(text)
+        host, dev = (head.group("host"), int(head.group("dev"))) if head else ("", None)
+        # One per host and device (a rank's process), whatever thread printed the frame.
+        process = f"{host}/{dev}" if head else f"rank {pre.rank}"
         if process in self._bootstrap or len(self._bootstrap) > 10_000:
             return []  # the trace's next frames, and the same process's other threads
         self._bootstrap.add(process)
