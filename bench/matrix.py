@@ -161,6 +161,8 @@ def run(workdir: Path, *, quick: bool, say) -> list[dict]:
                 worst_after_s = max(worst_after_s, after)
                 late += after > 5.0
                 notes.append(f"{fault}: {incident['culprit']} rank {ranks[:1]}, {n} revision(s)")
+                if not ok:  # what it said instead, so that a miss in a CI log can be read
+                    notes.append(f"{fault} said: {incident['summary'][:400]}")
     finally:
         drop_database(name)
         redis_flush(redis)

@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25.4"
+RULESET_VERSION = "2026.11.25.5"
 NAME_THRESHOLD = 0.5
 
 
@@ -530,6 +530,25 @@ def _not_training_wait(t) -> bool:
     return early or barrier
 
 
+# Bars that prepare data rather than train on it, by the descriptions their libraries give them:
+# Hugging Face datasets' Dataset.map/filter ("Map", "Map (num_proc=16)", "Filter"), the
+# transformers examples' "Running tokenizer on dataset" and "Grouping texts in chunks of 1024",
+# datasets' "Downloading"/"Extracting"/"Generating train split", yolov5's label cache
+# (utils/dataloaders.py: "Scanning '…/labels/train' images and labels..."). main_process_first and
+# rank-0-only caching run them on one process while the others wait.
+_PREP_BAR = re.compile(
+    r"^(?:map|filter)\b|tokeni[sz]|\bscanning\b|\bpreprocess|\bcaching\b|\bdownloading\b"
+    r"|\bextracting\b|\bgenerating \w+ split|\bgrouping texts|\bpacking\b",
+    re.IGNORECASE,
+)
+
+
+def _unplaced(t) -> bool:
+    """A watchdog line of PyTorch before 1.12 names neither SeqNum nor sizes
+    (``WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=60000)``): where in the job it waited is unknown."""
+    return t.seq is None and t.numel_in is None
+
+
 def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
     """One process's progress bar (dataset map, tokenisation, packing), or a phase's own report
     of its length (a checkpoint save), ran about as long as the wait that expired: the other
@@ -539,12 +558,17 @@ def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
     limit_s = f.collective_limit_s()
     if not limit_s or not (f.timeouts or stores):
         return None
-    if not all(_not_training_wait(t) for t in f.timeouts):
+    unplaced = any(_unplaced(t) for t in f.timeouts)
+    if not all(_not_training_wait(t) or _unplaced(t) for t in f.timeouts):
         return None
     # A bar still drawing, or a phase that reported its length when it finished (a checkpoint
     # save, a tokenisation pass): either way one process worked alone for about the timeout.
     bars = [b for b in f.of("progress_bar") if b.elapsed_s and b.elapsed_s >= 0.8 * limit_s]
     bars += [p for p in f.of("phase_duration") if p.elapsed_s >= 0.8 * limit_s]
+    if unplaced:
+        # A wait whose place in the job is unknown could be a training step's, beside which a
+        # long training bar says nothing: only a bar that prepares data places it at start-up.
+        bars = [b for b in bars if b.kind == "progress_bar" and _PREP_BAR.search(b.desc)]
     if bars:
         return Match(
             confidence=0.75,

@@ -274,6 +274,33 @@ def test_a_preprocessing_bar_as_long_as_the_store_wait_that_expired_names_the_ti
     assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(bar))
 
 
+def test_a_data_preparation_bar_places_a_wait_whose_watchdog_line_names_no_seqnum():
+    # PyTorch before 1.12 names neither SeqNum nor sizes: where the wait was is unknown, so only
+    # a bar that prepares data (not a training bar) says the others waited for it.
+    def unplaced(rank: int) -> str:
+        return (
+            f"[E ProcessGroupNCCL.cpp:566] [Rank {rank}] Watchdog caught collective operation "
+            "timeout: WorkNCCL(OpType=BROADCAST, Timeout(ms)=120000) ran for 121503 milliseconds "
+            "before timing out.\n"
+        )
+
+    waits = "".join(unplaced(r) for r in (1, 2, 3))
+    for bar in (
+        "Running tokenizer on dataset:  61%|██████    | 61000/100000 [01:58<01:15, 516.2 ex/s]\n",
+        "val: Scanning '/data/val2017' images and labels...4200 found, 0 missing:  84%|████████▍"
+        " | 4200/5000 [02:03<00:23, 34.1it/s]\n",
+    ):
+        verdict = verdict_of(bar + waits)
+        assert verdict.culprit == "timeout_too_short", bar
+        assert "preprocessing_outlasted_timeout" in rule_ids(verdict)
+    # A training bar as long says nothing about a wait that could be a training step's.
+    train = "Epoch 0:  12%|█▏        | 120/1000 [02:10<15:52,  1.08s/it, loss=2.31]\n"
+    assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(train + waits))
+    # Nor does a preparation bar well inside the limit.
+    short = "Map (num_proc=8):  20%|██        | 2000/10000 [00:31<02:04, 64.2 examples/s]\n"
+    assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(short + waits))
+
+
 def test_gloos_pair_closure_after_a_timeout_is_a_collective_failure():
     verdict = verdict_of("[rank2]: RuntimeError: Application timeout caused pair closure\n")
     assert verdict.failed
