@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25.5"
+RULESET_VERSION = "2026.11.25.6"
 NAME_THRESHOLD = 0.5
 
 
@@ -136,7 +136,7 @@ def _crash_first(f: Facts) -> Match | None:
     # gloo's "Connection closed by peer" / "Connection reset by peer" (any backend, any era).
     closed = f.of("nccl_peer_closed") + [e for e in exceptions if _is_peer_gone(e)] + list(echoes)
     raised = {(e.line, e.text) for e in exceptions}
-    if oom and all((e.line, e.text) not in raised for e in oom):
+    if oom and all((e.line, e.text) not in raised and getattr(e, "via", "") != "nccl" for e in oom):
         # Only quoted in a trainer's warning ("attempting to recover from OOM", "Skipping
         # batch"): the rank may have recovered. It is the cause only if the job then failed.
         ended = f.failed or errors or killed or f.of("worker_failed") or f.of("failure_record")

@@ -473,6 +473,9 @@ class CudaOom(Event):
     requested_bytes: int | None = None
     capacity_bytes: int | None = None
     free_bytes: int | None = None
+    # "nccl": NCCL's own allocation failed (NCCL WARN Cuda failure 'out of memory'); NCCL does
+    # not recover from it, the call returns ncclUnhandledCudaError.
+    via: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,6 +21,7 @@ import re
 
 from .events import (
     ConfigValue,
+    CudaOom,
     Event,
     NcclBootstrapFailed,
     NcclChannel,
@@ -464,9 +465,15 @@ class NcclParser:
         if not error:
             return []
         host, dev = self._where(where)
-        return [
+        out: list[Event] = [
             NcclError(**ctx, host=host, local_rank=dev, error=error, code=code, detail=detail[:300])
         ]
+        if error == "cuda" and detail == "out of memory":
+            # CUDACHECK (src/include/checks.h) prints cudaGetErrorString(cudaErrorMemoryAllocation)
+            # and returns ncclUnhandledCudaError: NCCL could not allocate its buffers, the GPU
+            # was full. That is the rank running out of memory, not a recovered warning.
+            out.append(CudaOom(**ctx, gpu=dev, via="nccl"))
+        return out
 
     def _env(self, ctx: dict, where: str, msg: str) -> list[Event]:
         m = _ENV.search(msg)

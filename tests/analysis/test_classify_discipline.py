@@ -301,6 +301,20 @@ def test_a_data_preparation_bar_places_a_wait_whose_watchdog_line_names_no_seqnu
     assert "preprocessing_outlasted_timeout" not in rule_ids(verdict_of(short + waits))
 
 
+def test_nccl_failing_to_allocate_its_buffers_is_an_oom_even_with_no_timeout_yet():
+    # NCCL's CUDACHECK returns ncclUnhandledCudaError after the WARN: nothing recovers from it,
+    # unlike a trainer's warning that quotes an OOM it skipped.
+    text = (
+        "node7:88:88 [2] NCCL INFO Channel 00 : 2[2] -> 3[3] via P2P/IPC\n"
+        "node7:88:88 [2] alloc.h:58 NCCL WARN Cuda failure 'out of memory'\n"
+        "node7:88:88 [2] NCCL INFO transport/p2p.cc:164 -> 1\n"
+        "node7:88:88 [2] NCCL INFO init.cc:792 -> 1\n"
+    )
+    assert verdict_of(text).culprit == "oom_or_crash"
+    other = text.replace("out of memory", "invalid resource handle")
+    assert "oom" not in verdict_of(other).summary
+
+
 def test_gloos_pair_closure_after_a_timeout_is_a_collective_failure():
     verdict = verdict_of("[rank2]: RuntimeError: Application timeout caused pair closure\n")
     assert verdict.failed

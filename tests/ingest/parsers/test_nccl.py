@@ -237,6 +237,12 @@ CASES = [
         {"error": "cuda", "detail": "an illegal memory access was encountered"},
     ),
     (
+        "WARN cuda failure out of memory is the rank running out of memory",
+        "gpu-a:1:2 [3] alloc.h:58 NCCL WARN Cuda failure 'out of memory'",
+        "cuda_oom",
+        {"gpu": 3, "via": "nccl"},
+    ),
+    (
         "NCCL version on an INFO line",
         "gpu-a:1234:1234 [0] NCCL INFO NCCL version 2.18.5+cuda12.1",
         "config_value",
