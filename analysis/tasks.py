@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 from django.utils import timezone
 
 from analysis import services
 from fleet.celery import DATABASE_TRANSIENT, eager_countdowns, redelivered, retry_countdown
 from fleet.models import Attempt
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(bind=True, max_retries=8)
@@ -47,6 +51,13 @@ def fleet_correlate() -> None:
     from analysis import memory
 
     memory.fleet_correlate()
+    try:
+        from fleet.notify import notify_host_verdicts
+
+        notify_host_verdicts()
+    except Exception:
+        # A notification problem never fails the recompute: logged, and the next one tries again.
+        log.exception("fleet memory recomputed; notifying the hosts to drain failed")
 
 
 @shared_task(autoretry_for=DATABASE_TRANSIENT, retry_backoff=True, max_retries=5)

@@ -105,3 +105,115 @@ class RankPlacement(models.Model):
 
     def __str__(self) -> str:
         return f"{self.attempt} rank {self.rank} on {self.host}"
+
+
+# --- outgoing notifications ---------------------------------------------------------------------
+
+
+def notification_secret() -> str:
+    """A fresh signing secret: every JSON and chat delivery is signed (``fleet.notify``)."""
+    import secrets
+
+    return secrets.token_hex(32)
+
+
+class NotificationDestination(models.Model):
+    """Where notifications go: a webhook (plain JSON or a chat-compatible ``{"text"}``) or an
+    Alertmanager (``POST /api/v2/alerts``). Operators add them in the admin."""
+
+    class Format(models.TextChoices):
+        JSON = "json", "JSON webhook"
+        CHAT = "chat", "chat webhook (Slack, Mattermost)"
+        ALERTMANAGER = "alertmanager", "Alertmanager v2"
+
+    name = models.CharField(max_length=100, unique=True)
+    url = models.URLField(max_length=2000)
+    format = models.CharField(max_length=16, choices=Format.choices, default=Format.JSON)
+    # Event names this destination takes (``fleet.notify.EVENTS``); empty takes every event.
+    events = models.JSONField(default=list, blank=True)
+    # HMAC-SHA256 key of the X-Fleetwatch-Signature header. Required for JSON and chat; an
+    # Alertmanager (which reads no signature) may go without.
+    secret = models.CharField(max_length=200, default=notification_secret, blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(secret="") | models.Q(format="alertmanager"),
+                name="notification_destination_signed",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def secret_hint(self) -> str:
+        """The last four characters, enough to tell two secrets apart; never the secret."""
+        return f"…{self.secret[-4:]}" if self.secret else "unsigned"
+
+    def accepts(self, event: str) -> bool:
+        return event == "test" or not self.events or event in self.events
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from fleet.notify import EVENTS
+
+        errors = {}
+        if not isinstance(self.events, list) or any(e not in EVENTS for e in self.events):
+            errors["events"] = f"a list of event names, each one of {', '.join(EVENTS)}"
+        if not self.secret and self.format != self.Format.ALERTMANAGER:
+            errors["secret"] = "JSON and chat webhooks are always signed: a secret is required"
+        if errors:
+            raise ValidationError(errors)
+
+
+class NotificationDelivery(models.Model):
+    """One event sent to one destination: unique on (destination, key), so an event is sent at
+    most once per destination however often it is noticed."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    destination = models.ForeignKey(
+        NotificationDestination, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    event = models.CharField(max_length=32)
+    # The event's idempotency key, e.g. "host_drain:gpu-a07:2026-11-25T10:00:00+00:00".
+    key = models.CharField(max_length=500)
+    title = models.CharField(max_length=500)
+    url = models.CharField(max_length=2000, blank=True)  # a link into the UI
+    payload = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)  # bounded by the task (ERROR_MAX)
+    response_code = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["destination", "key"], name="notification_delivery_once"
+            )
+        ]
+        indexes = [models.Index(fields=["-created_at"], name="notification_delivery_newest")]
+
+    def __str__(self) -> str:
+        return f"{self.event} → {self.destination}: {self.status}"
+
+    @property
+    def link(self) -> str:
+        """``url`` when it is safe to link to (a path in the UI, or http(s)); else nothing."""
+        url = self.url.strip()
+        if (url.startswith("/") and not url.startswith("//")) or url.lower().startswith(
+            ("http://", "https://")
+        ):
+            return url
+        return ""

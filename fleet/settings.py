@@ -210,6 +210,7 @@ CELERY_TASK_DEFAULT_ROUTING_KEY = "analysis"
 CELERY_TASK_ROUTES = {
     "ingest.tasks.*": {"queue": "ingest"},
     "analysis.tasks.*": {"queue": "analysis"},
+    "fleet.tasks.*": {"queue": "analysis"},  # notification deliveries: short, I/O-bound
 }
 
 # The broker may be down when an upload commits. A publish then fails fast — a few quick
@@ -350,6 +351,16 @@ from celery.schedules import crontab  # noqa: E402
 CELERY_BEAT_SCHEDULE["weekly-report"] = {
     "task": "analysis.tasks.weekly_report_build",
     "schedule": crontab(minute=0, hour=6, day_of_week="mon"),
+}
+# Notifications (fleet.notify): destinations are added in the admin. Where operators reach the
+# UI, to make the links in notifications absolute (empty: UI paths as they are).
+FLEETWATCH_PUBLIC_URL = env_str("FLEETWATCH_PUBLIC_URL")
+# A delivery whose receiver refuses or times out is retried with full-jitter back-off this many
+# times (about 10 minutes in all at the 2-minute cap), then marked failed.
+FLEETWATCH_NOTIFY_MAX_RETRIES = env_int("FLEETWATCH_NOTIFY_MAX_RETRIES", 8, minimum=0)
+CELERY_BEAT_SCHEDULE["notifications-sweep"] = {
+    "task": "fleet.tasks.notifications_sweep",
+    "schedule": 300.0,
 }
 # Optional bearer token that /metrics asks for (empty: open, as scrape targets usually are).
 FLEETWATCH_METRICS_TOKEN = env_str("FLEETWATCH_METRICS_TOKEN")

@@ -259,6 +259,7 @@ def _claim(upload_id: int, *, takeover: bool = False, retry: bool = False) -> bo
             "is kept.",
         ):
             log.error("upload %s: its parse took %d workers down", upload_id, MAX_PARSE_TRIES)
+            upload_failed_notify(upload_id)
     return bool(claimed)
 
 
@@ -278,6 +279,7 @@ def upload_parse(upload_id: int, *, takeover: bool = False, retry: bool = False)
         Upload.objects.filter(pk=upload_id).update(
             status=Upload.Status.FAILED, error=f"artifact unreadable: {exc}"[:2000]
         )
+        upload_failed_notify(upload_id)
         attempt_classify_soon(upload.attempt_id)
         return
     # Bounded and storable on every backend: the content is untrusted.
@@ -306,6 +308,8 @@ def upload_parse(upload_id: int, *, takeover: bool = False, retry: bool = False)
         )
         Attempt.objects.filter(pk=upload.attempt_id).update(last_parsed_at=now)
         transaction.on_commit(partial(attempt_classify_soon, upload.attempt_id))
+        if unreadable:
+            transaction.on_commit(partial(upload_failed_notify, upload_id))
 
 
 EVENT_COLUMNS = ("upload_id", "attempt_id", "kind", "rank", "line", "text", "attrs")
@@ -403,9 +407,24 @@ def uploads_sweep(now=None) -> dict[str, int]:
 
 
 def upload_mark_failed(upload_id: int, reason: str) -> None:
-    Upload.objects.filter(pk=upload_id).update(
+    if Upload.objects.filter(pk=upload_id).update(
         status=Upload.Status.FAILED, error=storable_text(reason[:4000])
-    )
+    ):
+        upload_failed_notify(upload_id)
+
+
+def upload_failed_notify(upload_id: int) -> None:
+    """An upload was failed (committed): tell the notification destinations that take
+    ``ingest_failing``, at most once an hour (``fleet.notify``). A notification problem never
+    breaks parsing: it is logged and the parse goes on."""
+    try:
+        from fleet.notify import notify_ingest_failing
+
+        upload = Upload.objects.select_related("host", "job").filter(pk=upload_id).first()
+        if upload is not None and upload.status == Upload.Status.FAILED:
+            notify_ingest_failing(upload)
+    except Exception:
+        log.exception("upload %s failed, and notifying that failed too", upload_id)
 
 
 def artifact_requests_for_incident(incident, attempt: Attempt) -> int:
