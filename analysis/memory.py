@@ -9,6 +9,7 @@ vocabulary of entities; the statistics themselves are pure (analysis.classify.re
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from analysis.classify.registry import IMPLICATES
 from analysis.models import CulpritScore, Entity, Exposure, HostRepair, Implication, Incident
 from fleet.models import Attempt, Host
 from ingest.models import Event
+
+log = logging.getLogger(__name__)
 
 # Config keys whose values are worth contrasting between failed and healthy attempts.
 CONTRAST_KEYS = (
@@ -535,12 +538,14 @@ def fleet_correlate(now: datetime | None = None) -> list[CulpritScore]:
         )
     }
     out = []
+    newly_flagged: list[int] = []
     for entity_id, entry in per_entity.items():
         result = results[entity_id]
         culprit = max(entry["culprits"], key=entry["culprits"].get)
         first_flagged, flagged_count = existing.get(entity_id, (None, None))
         if result.flagged and first_flagged is None:
             first_flagged, flagged_count = now, len(entry["incidents"])
+            newly_flagged.append(entity_id)
         out.append(
             CulpritScore(
                 entity=entry["entity"],
@@ -586,8 +591,110 @@ def fleet_correlate(now: datetime | None = None) -> list[CulpritScore]:
             if results[entity_id].flagged and entry["entity"].kind in EXPLAINING_KINDS
         )
     )
-    out.extend(config_contrast_record(now, explained))
+    contrasts = config_contrast_record(now, explained)
+    newly_flagged += [score.entity_id for score in contrasts if score.first_flagged_at == now]
+    out.extend(contrasts)
+    culprits_notify_flagged(newly_flagged)
+    culprits_regress(now)
     return out
+
+
+# --- culprits as the unit of work ----------------------------------------------------------------
+
+
+def _notify(event: str, key: str, title: str, payload: dict, url: str = "") -> None:
+    """Tell the configured destinations (fleet.notify); a notification problem never fails the
+    computation that found the event."""
+    try:
+        from fleet.notify import notify
+
+        notify(event, key, title, payload, url=url)
+    except Exception:  # logged; the scores are stored either way
+        log.exception("notification %s (%s) not sent", event, key)
+
+
+def _culprit_payload(score: CulpritScore) -> dict:
+    return {
+        "culprit_id": score.pk,
+        "entity": f"{score.entity.kind}:{score.entity.key}",
+        "culprit": score.culprit,
+        "score": score.score,
+        "explanation": score.explanation,
+        "incidents": list(score.incidents[:20]),
+        "assignee": score.assignee,
+    }
+
+
+def culprits_notify_flagged(entity_ids: Iterable[int]) -> None:
+    """A culprit newly flagged: one notification per flagging (keyed by when it was first
+    flagged), none for a muted one."""
+    for score in CulpritScore.objects.filter(entity_id__in=list(entity_ids)).select_related(
+        "entity"
+    ):
+        if score.status == CulpritScore.Status.MUTED or score.first_flagged_at is None:
+            continue
+        _notify(
+            "culprit_flagged",
+            f"culprit_flagged:{score.entity.kind}:{score.entity.key}:"
+            f"{score.first_flagged_at.isoformat()}",
+            f"{score.entity.kind} {score.entity.key} flagged as {score.culprit}: "
+            f"{score.explanation}"[:300],
+            _culprit_payload(score),
+            url=f"/culprits/{score.pk}/",
+        )
+
+
+def culprits_regress(now: datetime) -> list[CulpritScore]:
+    """A resolved culprit implicated again after its resolution (a new incident names it, or
+    for a setting: a new failed attempt ran with it) reopens, marked as a regression, journaled
+    with what brought it back, and notified."""
+    reopened = []
+    resolved = CulpritScore.objects.filter(
+        status=CulpritScore.Status.RESOLVED, resolved_at__isnull=False
+    ).select_related("entity")
+    for score in resolved:
+        since = score.resolved_at
+        implication = (
+            Implication.objects.filter(entity_id=score.entity_id, at__gt=since, at__lte=now)
+            .order_by("at")
+            .first()
+        )
+        if implication is not None:
+            why = f"incident {implication.incident_id} implicated it again"
+        else:
+            attempt = (
+                Attempt.objects.filter(pk__in=score.attempts[:200], started_at__gt=since)
+                .order_by("started_at")
+                .first()
+            )
+            if attempt is None:
+                continue
+            why = f"attempt {attempt.number} of job {attempt.job_id} failed with it again"
+        claimed = CulpritScore.objects.filter(
+            pk=score.pk, status=CulpritScore.Status.RESOLVED, resolved_at=since
+        ).update(status=CulpritScore.Status.OPEN, regressed_at=now, resolved_at=None)
+        if not claimed:
+            continue  # an operator moved it meanwhile
+        entry = {
+            "at": now.isoformat(),
+            "by": "fleetwatch",
+            "action": "regression",
+            "note": f"{why} after it was resolved {since.isoformat(timespec='minutes')} "
+            f"by {score.resolved_by or 'someone'}",
+        }
+        with transaction.atomic():
+            row = CulpritScore.objects.select_for_update().get(pk=score.pk)
+            row.journal = [*row.journal, entry]
+            row.save(update_fields=["journal"])
+        reopened.append(row)
+        _notify(
+            "regression",
+            f"regression:{score.pk}:{since.isoformat()}",
+            f"Regression: {score.entity.kind} {score.entity.key} ({score.culprit}) is back: {why}",
+            _culprit_payload(row),
+            url=f"/culprits/{score.pk}/",
+        )
+    return reopened
 
 
 @dataclass(frozen=True)
@@ -599,6 +706,7 @@ class Contrast:
     failed_without: int
     total_without: int
     p_value: float
+    failed_attempts: tuple[int, ...] = ()  # the failed attempts that ran with it, newest first
 
     @property
     def explanation(self) -> str:
@@ -658,10 +766,13 @@ def config_contrast(
     found = []
     for model, ids in by_model.items():
         values = defaultdict(lambda: [0, 0])
+        failed_ids: dict[str, list[int]] = defaultdict(list)
         for attempt_id in ids:
             for setting in settings_of.get(attempt_id, ()):
                 values[setting][0] += attempt_id in failed
                 values[setting][1] += 1
+                if attempt_id in failed:
+                    failed_ids[setting].append(attempt_id)
         total_failed = sum(1 for i in ids if i in failed)
         for setting, (failed_with, total_with) in values.items():
             failed_without = total_failed - failed_with
@@ -679,7 +790,14 @@ def config_contrast(
             if p < 1e-3 and rate_with >= 3 * max(rate_without, 0.01):
                 found.append(
                     Contrast(
-                        model, setting, failed_with, total_with, failed_without, total_without, p
+                        model,
+                        setting,
+                        failed_with,
+                        total_with,
+                        failed_without,
+                        total_without,
+                        p,
+                        tuple(sorted(failed_ids[setting], reverse=True)),
                     )
                 )
     return sorted(found, key=lambda c: c.p_value)
@@ -704,6 +822,14 @@ def config_contrast_record(
             if previous and previous.incidents_when_flagged
             else c.failed_with
         )
+        # The failed attempts behind the finding, and the incidents they have: a culprit page
+        # lists what stands behind the accusation, whatever kind of entity it is.
+        attempts = list(c.failed_attempts[:50])
+        incidents = list(
+            Incident.objects.filter(attempt_id__in=attempts)
+            .order_by("-opened_at")
+            .values_list("pk", flat=True)
+        )
         score, _ = CulpritScore.objects.update_or_create(
             entity=entity,
             defaults={
@@ -714,7 +840,8 @@ def config_contrast_record(
                 "exposed": c.total_with,
                 "baseline": c.failed_without / c.total_without if c.total_without else 0.0,
                 "explanation": c.explanation,
-                "incidents": [],
+                "incidents": incidents,
+                "attempts": attempts,
                 "first_flagged_at": first,
                 "incidents_when_flagged": count,
                 "computed_at": now,
@@ -740,17 +867,49 @@ class HostHealth:
 
 
 def host_health(host: Host, now: datetime | None = None) -> HostHealth:
+    return hosts_health_of([host], now)[host.hostname]
+
+
+def hosts_health_of(hosts: Iterable[Host], now: datetime | None = None) -> dict[str, HostHealth]:
+    """The health of each of ``hosts``, in a fixed number of queries whatever their number (an
+    overview of a fleet with hundreds of implicated hosts pays no query per host)."""
     now = now or timezone.now()
-    repair = HostRepair.objects.filter(host=host).order_by("-at").first()
-    since = max(
-        now - timedelta(days=window_days()),
-        repair.at if repair else now - timedelta(days=window_days()),
+    hosts = list(hosts)
+    names = {h.hostname for h in hosts}
+    window_start = now - timedelta(days=window_days())
+    repairs: dict[int, datetime] = {}
+    for host_id, at in HostRepair.objects.filter(host__in=hosts).values_list("host_id", "at"):
+        repairs[host_id] = max(at, repairs.get(host_id, at))
+    # A host's implications are those of the host itself and of its GPUs and NICs ("host/…").
+    implications = Implication.objects.filter(
+        entity__kind__in=["host", "gpu", "nic"], at__gte=window_start
     )
-    implications = (
-        Implication.objects.filter(entity__kind__in=["host", "gpu", "nic"], at__gte=since)
-        .filter(entity__key__in=_host_keys(host))
-        .order_by("-at")
-    )
+    if len(names) <= 50:
+        mine = Q()
+        for name in names:
+            mine |= Q(entity__key=name) | Q(entity__key__startswith=f"{name}/")
+        implications = implications.filter(mine) if names else implications.none()
+    by_host: dict[str, list[Implication]] = defaultdict(list)
+    for imp in implications.select_related("entity").order_by("-at"):
+        name = imp.entity.key.split("/", 1)[0]
+        if name in names:
+            by_host[name].append(imp)
+    scores = {
+        row.entity.key: row
+        for row in CulpritScore.objects.filter(
+            entity__kind="host", entity__key__in=names
+        ).select_related("entity")
+    }
+    out = {}
+    for host in hosts:
+        repair = repairs.get(host.pk)
+        since = max(window_start, repair) if repair else window_start
+        mine = [i for i in by_host[host.hostname] if i.at >= since]
+        out[host.hostname] = _health(host, mine, scores.get(host.hostname), repair, now)
+    return out
+
+
+def _health(host: Host, implications: list, score_row, repair, now) -> HostHealth:
     reasons: list[str] = []
     incidents: list[int] = []
     hardware = False
@@ -764,7 +923,6 @@ def host_health(host: Host, now: datetime | None = None) -> HostHealth:
             reason = f"GPU hardware fault ({imp.why}) in incident {imp.incident_id}"
             if reason not in reasons:
                 reasons.append(reason)
-    score_row = CulpritScore.objects.filter(entity__kind="host", entity__key=host.hostname).first()
     score = score_row.score if score_row and incidents else 0.0
     if score_row and score_row.flagged and incidents:
         reasons.append(score_row.explanation)
@@ -778,24 +936,7 @@ def host_health(host: Host, now: datetime | None = None) -> HostHealth:
         verdict = "ok"
     if verdict == "ok" and incidents:
         reasons.append(f"weakly implicated in {len(incidents)} incident(s); evidence decays")
-    return HostHealth(
-        host.hostname,
-        verdict,
-        round(score, 2),
-        reasons,
-        incidents[:50],
-        repair.at if repair else None,
-    )
-
-
-def _host_keys(host: Host) -> list[str]:
-    keys = [host.hostname]
-    keys += list(
-        Entity.objects.filter(
-            kind__in=["gpu", "nic"], key__startswith=f"{host.hostname}/"
-        ).values_list("key", flat=True)
-    )
-    return keys
+    return HostHealth(host.hostname, verdict, round(score, 2), reasons, incidents[:50], repair)
 
 
 def host_repaired(host: Host, *, note: str = "", by: str = "") -> HostRepair:

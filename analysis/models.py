@@ -48,6 +48,10 @@ class Incident(models.Model):
     fix_applied_by = models.CharField(max_length=150, blank=True)
     # Set when an operator overrode the classifier's culprit; the core's verdict is kept here.
     classified_culprit = models.CharField(max_length=32, blank=True)
+    # Who handles it (a user name, or a team as "team:storage"); blank: nobody yet.
+    assignee = models.CharField(max_length=150, blank=True, db_index=True)
+    # Out of the overview and the open lists until then; the status does not change.
+    snoozed_until = models.DateTimeField(null=True, blank=True)
     # Every workflow step with its note, oldest first: {"at", "by", "action", "note"}.
     journal = models.JSONField(default=list, blank=True)
 
@@ -151,7 +155,16 @@ class Implication(models.Model):
 
 
 class CulpritScore(models.Model):
-    """The recurrence verdict on one entity, recomputed by fleet_correlate."""
+    """The recurrence verdict on one entity, recomputed by fleet_correlate, and the unit of
+    on-call work: a flagged culprit is owned, acknowledged, snoozed, muted or resolved as one,
+    whatever number of incidents stand behind it (as Sentry makes an issue of its events). The
+    workflow fields are never written by fleet_correlate's upsert."""
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        ACKNOWLEDGED = "acknowledged"
+        RESOLVED = "resolved"
+        MUTED = "muted"  # known and accepted: no notifications, out of the overview
 
     entity = models.OneToOneField(Entity, on_delete=models.CASCADE, related_name="score")
     culprit = models.CharField(max_length=32)
@@ -164,11 +177,28 @@ class CulpritScore(models.Model):
     incidents = models.JSONField(default=list)  # ids, newest first
     first_flagged_at = models.DateTimeField(null=True, blank=True)
     incidents_when_flagged = models.PositiveIntegerField(null=True, blank=True)
+    # Failed attempts behind a score that no incident implicates by itself: a setting or version
+    # contrasted across the fleet (config_contrast). Ids, newest first.
+    attempts = models.JSONField(default=list, blank=True)
     computed_at = models.DateTimeField()
+    # The on-call workflow (analysis.services.culprit_*).
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    assignee = models.CharField(max_length=150, blank=True, db_index=True)
+    snoozed_until = models.DateTimeField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, blank=True)
+    # Implicated again after it was resolved: reopened by fleet_correlate, and says so.
+    regressed_at = models.DateTimeField(null=True, blank=True)
+    journal = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-flagged", "-score"]
-        indexes = [models.Index(fields=["flagged", "score"])]
+        indexes = [
+            models.Index(fields=["flagged", "score"]),
+            models.Index(fields=["status", "flagged"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.entity_id}: {self.score}"

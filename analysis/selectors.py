@@ -7,7 +7,9 @@ number of queries whatever the size of the fleet, so pages stay fast at 100k inc
 from __future__ import annotations
 
 import gzip
+import re
 from collections import defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -71,10 +73,17 @@ def incident_list(
     since: datetime | None = None,
     until: datetime | None = None,
     sort: str = "-opened",
+    owner: str = "",
+    me: str = "",
 ) -> QuerySet:
+    """``owner``: "mine" (assigned to ``me``) or "unowned"."""
     qs = Incident.objects.select_related("job", "attempt").defer(
         "evidence", "matches", "alternatives", "suspects", "journal", "fix"
     )
+    if owner == "mine":
+        qs = qs.filter(assignee=me)
+    elif owner == "unowned":
+        qs = qs.filter(assignee="")
     if culprit:
         qs = qs.filter(culprit=culprit)
     if status:
@@ -112,6 +121,57 @@ def incident_evidence_links(incident: Incident) -> list[dict]:
     for item in incident.evidence:
         upload = by_name.get(item.get("file"))
         out.append({**item, "upload_id": upload.pk if upload else None})
+    return out
+
+
+_RANK_IN_FILE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``0–26, 28–2047``: sorted ranks as runs."""
+    runs: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
+
+
+def _evidence_rank(item: dict) -> int | None:
+    from ingest.parsers.prefix import split_prefix
+
+    rank = split_prefix(item.get("text", "")).rank
+    if rank is None:
+        m = _RANK_IN_FILE.search(item.get("file", ""))
+        rank = int(m.group(1)) if m else None
+    return rank
+
+
+def evidence_groups(items: list[dict]) -> list[dict]:
+    """Evidence deduplicated into its distinct templates (ranks, seqs, times as placeholders),
+    in the order they first appear, each with how many lines and which ranks printed it: a
+    2,048-rank timeout is one row, "ranks 0–26, 28–2047", not 2,048."""
+    from analysis.classify.signature import parameterise
+    from ingest.parsers.prefix import split_prefix
+
+    groups: dict[tuple[str, str], dict] = {}
+    for item in items:
+        # Without the line's own prefix ("[rank5]:[E1121 03:12:44 …]"), which names the rank.
+        body = split_prefix(item.get("text", "")).rest
+        key = (item.get("signal", ""), parameterise(body)[:300])
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = {**item, "count": 0, "rank_list": []}
+        group["count"] += 1
+        rank = _evidence_rank(item)
+        if rank is not None:
+            group["rank_list"].append(rank)
+    out = []
+    for group in groups.values():
+        ranks = group.pop("rank_list")
+        group["ranks"] = rank_ranges(ranks) if len(set(ranks)) > 1 else ""
+        out.append(group)
     return out
 
 
@@ -239,8 +299,27 @@ def incidents_per_day(days: int = 14, now: datetime | None = None) -> dict:
     return {"days": [d.isoformat() for d in labels], "series": dict(sorted(series.items()))}
 
 
-def culprit_scores_top(limit: int = 10) -> QuerySet:
-    return CulpritScore.objects.select_related("entity").order_by("-flagged", "-score")[:limit]
+def _awake(now: datetime | None = None) -> Q:
+    now = now or timezone.now()
+    return Q(snoozed_until__isnull=True) | Q(snoozed_until__lte=now)
+
+
+def incidents_needing_attention(now: datetime | None = None) -> QuerySet:
+    """Open and acknowledged incidents that are not snoozed: acknowledging one does not hide
+    it, it shows who has it."""
+    return incident_list().filter(
+        _awake(now), status__in=[Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED]
+    )
+
+
+def culprit_scores_top(limit: int = 10, now: datetime | None = None) -> QuerySet:
+    """The worst culprits still to be dealt with: not resolved, muted or snoozed."""
+    return (
+        CulpritScore.objects.select_related("entity")
+        .filter(_awake(now))
+        .exclude(status__in=[CulpritScore.Status.RESOLVED, CulpritScore.Status.MUTED])
+        .order_by("-flagged", "-score")[:limit]
+    )
 
 
 def hosts_needing_attention(now: datetime | None = None, limit: int = 40) -> list:
@@ -256,11 +335,8 @@ def hosts_needing_attention(now: datetime | None = None, limit: int = 40) -> lis
         .distinct()
     )
     hostnames = {key.split("/", 1)[0] for key in keys[: limit * 8]}
-    out = []
-    for host in Host.objects.filter(hostname__in=hostnames).order_by("hostname")[:limit]:
-        health = memory.host_health(host, now)
-        if health.verdict != "ok":
-            out.append(health)
+    hosts = Host.objects.filter(hostname__in=hostnames).order_by("hostname")[:limit]
+    out = [h for h in memory.hosts_health_of(hosts, now).values() if h.verdict != "ok"]
     rank = {"drain": 0, "watch": 1}
     return sorted(out, key=lambda h: (rank[h.verdict], -h.score, h.hostname))
 
@@ -303,15 +379,44 @@ def ingest_health(now: datetime | None = None) -> IngestHealth:
 # --- hosts, culprits, jobs ----------------------------------------------------------------------
 
 
-def host_list(query: str = "") -> QuerySet:
+HOST_SORTS = {
+    "hostname": ("hostname",),
+    "-score": (F("score").desc(nulls_last=True), "hostname"),
+    "-last_incident": (F("last_incident").desc(nulls_last=True), "hostname"),
+}
+
+
+def host_list(query: str = "", *, verdict: str = "", sort: str = "hostname", now=None) -> QuerySet:
+    """Hosts with their recurrence score, GPU count and last incident. ``verdict`` ("drain" or
+    "watch") keeps the hosts host health gives that verdict (only hosts implicated within the
+    memory window can have one: ``hosts_needing_attention``)."""
     score = CulpritScore.objects.filter(entity__kind="host", entity__key=OuterRef("hostname"))
+    last = (
+        Incident.objects.filter(
+            Q(
+                Exists(
+                    RankPlacement.objects.filter(
+                        attempt=OuterRef("attempt"), host=OuterRef(OuterRef("pk"))
+                    )
+                )
+            )
+        )
+        .order_by("-opened_at")
+        .values("opened_at")[:1]
+    )
     qs = Host.objects.annotate(
         score=Subquery(score.values("score")[:1]),
         flagged=Subquery(score.values("flagged")[:1]),
         gpu_count=Count("gpus", distinct=True),
-    ).order_by("hostname")
+        last_incident=Subquery(last),
+    ).order_by(*HOST_SORTS.get(sort, HOST_SORTS["hostname"]))
     if query:
         qs = qs.filter(Q(hostname__icontains=query) | Q(rack__icontains=query))
+    if verdict in ("drain", "watch"):
+        names = [
+            h.hostname for h in hosts_needing_attention(now, limit=500) if h.verdict == verdict
+        ]
+        qs = qs.filter(hostname__in=names)
     return qs
 
 
@@ -385,6 +490,70 @@ def culprit_incidents(score: CulpritScore, limit: int = 100) -> list[Incident]:
         .defer("evidence", "matches", "alternatives", "suspects", "journal")
         .order_by("-opened_at")
     )
+
+
+def culprit_attempts(score: CulpritScore, limit: int = 50) -> list[Attempt]:
+    """The failed attempts behind a score: those of its incidents, and for a setting or a
+    version the failed attempts that ran with it (they may have no incident of their own)."""
+    ids = set(score.attempts[:limit])
+    ids |= set(
+        Incident.objects.filter(pk__in=score.incidents[:limit]).values_list("attempt_id", flat=True)
+    )
+    return list(
+        Attempt.objects.filter(pk__in=ids)
+        .select_related("job", "incident")
+        .order_by("-started_at", "-pk")[:limit]
+    )
+
+
+def incident_culprits(incident: Incident) -> list[CulpritScore]:
+    """The culprits (scored entities) this incident implicates: incident → culprit links."""
+    return list(
+        CulpritScore.objects.filter(entity__implications__incident=incident)
+        .select_related("entity")
+        .distinct()
+        .order_by("-flagged", "-score")[:8]
+    )
+
+
+def culprit_host(score: CulpritScore) -> str:
+    """The host a host, GPU or NIC culprit lives on ("" for other kinds)."""
+    if score.entity.kind in ("host", "gpu", "nic"):
+        return score.entity.key.split("/", 1)[0]
+    return ""
+
+
+def culprit_rack_hosts(score: CulpritScore, limit: int = 64) -> list[str]:
+    """The hosts of a rack culprit, to go to (and drain) one by one."""
+    if score.entity.kind != "rack":
+        return []
+    return list(
+        Host.objects.filter(rack=score.entity.key)
+        .order_by("hostname")
+        .values_list("hostname", flat=True)[:limit]
+    )
+
+
+# What to do about a culprit whose incidents carry no fix of its class: a setting or a version
+# contrasted across the fleet names no incident rule's fix.
+_KIND_FIX = {
+    "config": (
+        "Run the affected jobs without {key} (or with the value the healthy attempts used) and "
+        "watch the failure rate; if it falls to the fleet's, change the default."
+    ),
+    "version": (
+        "Pin the affected jobs to another version than {key} and watch the failure rate; check "
+        "the release notes of the versions after it for a fix."
+    ),
+}
+
+
+def culprit_fix(score: CulpritScore, incidents: list[Incident]) -> str:
+    fix = next((i.fix for i in incidents if i.fix and i.culprit == score.culprit), "")
+    if fix:
+        return fix
+    template = _KIND_FIX.get(score.entity.kind)
+    return template.format(key=score.entity.key) if template else ""
 
 
 def culprit_trend(incidents: list[Incident], days: int = 14, now=None) -> dict:
@@ -466,3 +635,139 @@ def artifact_window(
                 text = chunk[:max_chars].decode("utf-8", errors="replace").rstrip("\r\n")
                 window.append((number, text, truncated))
     return ArtifactWindow(list(window), first, number if at_end else last, line, at_end)
+
+
+# A timeline longer than this is shown grouped by state first, the per-rank rows folded away.
+TIMELINE_ROWS_SHOWN = 64
+
+
+def rank_state(row: RankRow) -> str:
+    if row.never_reported:
+        return "never reported"
+    if row.lagged:
+        return "lagged"
+    if row.timed_out:
+        return "timed out waiting"
+    return "reported"
+
+
+def timeline_groups(rows: list[RankRow]) -> list[dict]:
+    """The rank timeline grouped by what the ranks did: state, the collective they were stuck
+    in and the last one they completed; the odd ones out first (fewest ranks first)."""
+    groups: dict[tuple, dict] = {}
+    for row in rows:
+        state = rank_state(row)
+        key = (state, row.op, row.failed_seq, row.last_completed)
+        group = groups.setdefault(
+            key,
+            {
+                "state": state,
+                "op": row.op,
+                "failed_seq": row.failed_seq,
+                "last_completed": row.last_completed,
+                "rank_list": [],
+                "hosts": set(),
+            },
+        )
+        group["rank_list"].append(row.rank)
+        if row.host:
+            group["hosts"].add(row.host)
+    out = []
+    for group in groups.values():
+        ranks = group.pop("rank_list")
+        hosts = sorted(group.pop("hosts"))
+        group.update(
+            ranks=rank_ranges(ranks),
+            count=len(ranks),
+            hosts=", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3 else ""),
+        )
+        out.append(group)
+    return sorted(out, key=lambda g: (g["count"], g["state"]))
+
+
+@dataclass
+class RuleRow:
+    id: str
+    culprit: str
+    description: str
+    basis: str
+    fix: str
+    corpus_named: int = 0
+    corpus_right: int = 0
+    fleet_named: int = 0  # incidents it named whose culprit an operator labelled
+    fleet_right: int = 0  # ... and the label agreed
+
+    @property
+    def corpus_precision(self) -> float | None:
+        return self.corpus_right / self.corpus_named if self.corpus_named else None
+
+    @property
+    def fleet_precision(self) -> float | None:
+        return self.fleet_right / self.fleet_named if self.fleet_named else None
+
+
+def _labelled(journal: list) -> bool:
+    """An operator's label: a reclassification, or a resolution with a note."""
+    return any(
+        j.get("action", "").startswith("reclassified")
+        or (j.get("action") == "resolved" and (j.get("note") or "").strip())
+        for j in journal or []
+    )
+
+
+def rules_precision() -> list[RuleRow]:
+    """Every rule of the ruleset with its basis, its precision on the corpus's dev split (the
+    calibration table) and on this fleet: of the incidents it named that an operator labelled
+    (reclassified, or resolved with a note), how many kept its culprit."""
+    from analysis.classify.engine import calibration
+    from analysis.classify.registry import ALL_RULES, BASIS
+
+    table = calibration()
+    rows = {
+        rule.id: RuleRow(
+            id=rule.id,
+            culprit=rule.culprit,
+            description=rule.description,
+            basis=BASIS.get(rule.id, ""),
+            fix=rule.fix,
+            corpus_named=table.get(rule.id, {}).get("named", 0),
+            corpus_right=table.get(rule.id, {}).get("right", 0),
+        )
+        for rule in ALL_RULES
+    }
+    labelled = (
+        Incident.objects.exclude(journal=[])
+        .exclude(culprit="unknown", classified_culprit="")
+        .values_list("culprit", "classified_culprit", "matches", "journal")
+        .iterator(chunk_size=500)
+    )
+    for culprit, classified, matches, journal in labelled:
+        if not _labelled(journal):
+            continue
+        said = classified or culprit  # what the classifier said
+        naming = next((m["rule_id"] for m in matches or [] if m.get("culprit") == said), None)
+        if naming in rows and said != "unknown":
+            rows[naming].fleet_named += 1
+            rows[naming].fleet_right += culprit == said
+    return sorted(rows.values(), key=lambda r: (-r.fleet_named, -r.corpus_named, r.id))
+
+
+def search(query: str, limit: int = 20) -> dict[str, list]:
+    """Hosts, jobs and culprits whose name holds ``query``."""
+    return {
+        "hosts": list(
+            Host.objects.filter(Q(hostname__icontains=query) | Q(rack__iexact=query)).order_by(
+                "hostname"
+            )[:limit]
+        ),
+        "jobs": list(
+            Job.objects.filter(Q(external_id__icontains=query) | Q(name__icontains=query)).order_by(
+                "-created_at"
+            )[:limit]
+        ),
+        "culprits": list(
+            CulpritScore.objects.filter(entity__key__icontains=query)
+            .select_related("entity")
+            .order_by("-flagged", "-score")[:limit]
+        ),
+    }

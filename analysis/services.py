@@ -12,7 +12,7 @@ from django.utils import timezone
 from analysis import memory
 from analysis.classify import IncidentContext, Verdict, classify
 from analysis.corpus.similar import similar_cases
-from analysis.models import Incident, IncidentRevision
+from analysis.models import CulpritScore, Incident, IncidentRevision
 from fleet.models import Attempt
 from ingest.models import Event, Upload
 from ingest.parsers import parse_log
@@ -146,9 +146,60 @@ def incident_classify(attempt: Attempt, now=None) -> Incident | None:
         Attempt.objects.filter(pk=attempt.pk).update(status=Attempt.Status.FAILED)
         memory.exposures_record(attempt)
         memory.incident_implicate(incident, attempt)
+        incident_label_evidence(incident)
         artifact_requests_for_incident(incident, attempt)
         transaction.on_commit(fleet_correlate_soon)
     return incident
+
+
+# How far back a label is looked for among incidents of the same cause.
+LABEL_LOOKBACK = 50
+
+
+def operator_label(incident: Incident) -> dict | None:
+    """What an operator last said, with a reason, about an earlier incident with this one's
+    fingerprint (the same cause: rule, implicated entity, signature): a reclassification, or a
+    resolution with a note. As evidence: "reclassified as storage_io on incident 412 by alice"."""
+    fingerprint = (
+        Incident.objects.filter(pk=incident.pk).values_list("fingerprint", flat=True).first()
+    )
+    if not fingerprint:
+        return None
+    earlier = (
+        Incident.objects.filter(fingerprint=fingerprint, opened_at__lte=incident.opened_at)
+        .exclude(pk=incident.pk)
+        .only("pk", "culprit", "journal")
+        .order_by("-opened_at", "-pk")[:LABEL_LOOKBACK]
+    )
+    for other in earlier:
+        for entry in reversed(other.journal or []):
+            action, note = entry.get("action", ""), (entry.get("note") or "").strip()
+            if action.startswith("reclassified"):
+                said = f"reclassified as {other.culprit}"
+            elif action == "resolved" and note:
+                said = f"confirmed as {other.culprit}"
+            else:
+                continue
+            return {
+                "file": f"incident {other.pk}",
+                "line": 0,
+                "signal": "operator_label",
+                "text": f"{said} on incident {other.pk} by {entry.get('by') or 'an operator'}"
+                + (f": {note}" if note else ""),
+                "incident": other.pk,
+                "culprit": other.culprit,
+            }
+    return None
+
+
+def incident_label_evidence(incident: Incident) -> dict | None:
+    """Put the operators' label of the same cause first in the incident's evidence."""
+    label = operator_label(incident)
+    if label is not None:
+        rest = [e for e in incident.evidence if e.get("signal") != "operator_label"]
+        incident.evidence = [label, *rest]
+        Incident.objects.filter(pk=incident.pk).update(evidence=incident.evidence)
+    return label
 
 
 def _verdict_ranks(verdict: Verdict) -> list[int]:
@@ -208,59 +259,131 @@ def vars_(item) -> dict:
 
 
 # --- the on-call workflow ------------------------------------------------------------------
-# Each step is a conditional update on the status it moves from, so two operators clicking at
-# once record one acknowledgement, and a resolved incident is not re-acknowledged by a stale page.
+# Incidents and culprits alike. Each step is a conditional update on the status it moves from,
+# so two operators clicking at once record one acknowledgement, and a resolved item is not
+# re-acknowledged by a stale page. Every step is journaled with who did it and why (the audit).
 
 NOTE_MAX = 2000
+
+
+class WorkflowError(ValueError):
+    """A workflow step that cannot be taken as asked (a date in the past, a missing note)."""
 
 
 def _journal_entry(action: str, by: str, note: str, now) -> dict:
     return {"at": now.isoformat(), "by": by[:150], "action": action, "note": note[:NOTE_MAX]}
 
 
-def _journal_append(incident: Incident, entry: dict, **fields) -> Incident:
+def _journal_append(row, entry: dict, **fields):
+    """Append ``entry`` to the row's journal (and set ``fields``) under a row lock."""
+    model = type(row)
     with transaction.atomic():
-        row = Incident.objects.select_for_update().get(pk=incident.pk)
+        locked = model.objects.select_for_update().get(pk=row.pk)
         for name, value in fields.items():
-            setattr(row, name, value)
-        row.journal = [*row.journal, entry]
-        row.save(update_fields=[*fields, "journal"])
-    return row
+            setattr(locked, name, value)
+        locked.journal = [*locked.journal, entry]
+        locked.save(update_fields=[*fields, "journal"])
+    return locked
+
+
+def _step(row, action: str, *, by: str, note: str, now, allowed: Q | None, **fields) -> bool:
+    """Move ``row`` with a conditional update (``allowed``: the states it may move from) and
+    journal it; False when it was not in such a state (someone moved it first)."""
+    query = type(row).objects.filter(pk=row.pk)
+    if allowed is not None:
+        query = query.filter(allowed)
+    if fields and not query.update(**fields):
+        return False
+    if not fields and not query.exists():
+        return False
+    _journal_append(row, _journal_entry(action, by, note, now))
+    return True
+
+
+def _assign(row, assignee: str, *, by: str, note: str, now) -> bool:
+    assignee = assignee.strip()[:150]
+    action = f"assigned to {assignee}" if assignee else "unassigned"
+    return _step(row, action, by=by, note=note, now=now, allowed=None, assignee=assignee)
+
+
+def _snooze(row, until, *, by: str, note: str, now) -> bool:
+    if until is not None and until <= now:
+        raise WorkflowError("snooze until a time in the future")
+    action = f"snoozed until {until.isoformat(timespec='minutes')}" if until else "unsnoozed"
+    return _step(row, action, by=by, note=note, now=now, allowed=None, snoozed_until=until)
 
 
 def incident_acknowledge(incident: Incident, *, by: str, note: str = "", now=None) -> bool:
     """Open -> acknowledged. False when someone else moved it first."""
     now = now or timezone.now()
-    claimed = Incident.objects.filter(pk=incident.pk, status=Incident.Status.OPEN).update(
-        status=Incident.Status.ACKNOWLEDGED, acknowledged_at=now, acknowledged_by=by[:150]
+    return _step(
+        incident,
+        "acknowledged",
+        by=by,
+        note=note,
+        now=now,
+        allowed=Q(status=Incident.Status.OPEN),
+        status=Incident.Status.ACKNOWLEDGED,
+        acknowledged_at=now,
+        acknowledged_by=by[:150],
     )
-    if claimed:
-        _journal_append(incident, _journal_entry("acknowledged", by, note, now))
-    return bool(claimed)
 
 
 def incident_resolve(incident: Incident, *, by: str, note: str = "", now=None) -> bool:
     """Open or acknowledged -> resolved. False when it was already resolved."""
     now = now or timezone.now()
-    claimed = (
-        Incident.objects.filter(pk=incident.pk)
-        .exclude(status=Incident.Status.RESOLVED)
-        .update(status=Incident.Status.RESOLVED, resolved_at=now, resolved_by=by[:150])
+    return _step(
+        incident,
+        "resolved",
+        by=by,
+        note=note,
+        now=now,
+        allowed=~Q(status=Incident.Status.RESOLVED),
+        status=Incident.Status.RESOLVED,
+        resolved_at=now,
+        resolved_by=by[:150],
     )
-    if claimed:
-        _journal_append(incident, _journal_entry("resolved", by, note, now))
-    return bool(claimed)
+
+
+def incident_reopen(incident: Incident, *, by: str, note: str = "", now=None) -> bool:
+    """Resolved -> open (the resolution did not hold). False when it was not resolved."""
+    now = now or timezone.now()
+    return _step(
+        incident,
+        "reopened",
+        by=by,
+        note=note,
+        now=now,
+        allowed=Q(status=Incident.Status.RESOLVED),
+        status=Incident.Status.OPEN,
+        resolved_at=None,
+        resolved_by="",
+    )
+
+
+def incident_assign(incident: Incident, *, assignee: str, by: str, note: str = "", now=None):
+    """Give the incident to a user or a team ("team:storage"); blank takes it from everyone."""
+    return _assign(incident, assignee, by=by, note=note, now=now or timezone.now())
+
+
+def incident_snooze(incident: Incident, *, until, by: str, note: str = "", now=None) -> bool:
+    """Out of the overview and the open lists until ``until`` (None: back now)."""
+    return _snooze(incident, until, by=by, note=note, now=now or timezone.now())
 
 
 def incident_fix_applied(incident: Incident, *, by: str, note: str = "", now=None) -> bool:
     """The recommended fix (or the one in the note) was applied; recorded once."""
     now = now or timezone.now()
-    claimed = Incident.objects.filter(pk=incident.pk, fix_applied_at=None).update(
-        fix_applied_at=now, fix_applied_by=by[:150]
+    return _step(
+        incident,
+        "fix applied",
+        by=by,
+        note=note,
+        now=now,
+        allowed=Q(fix_applied_at=None),
+        fix_applied_at=now,
+        fix_applied_by=by[:150],
     )
-    if claimed:
-        _journal_append(incident, _journal_entry("fix applied", by, note, now))
-    return bool(claimed)
 
 
 def incident_reclassify(
@@ -269,9 +392,9 @@ def incident_reclassify(
     """An operator names a different culprit, with the reason. The classifier's own culprit is
     kept in ``classified_culprit`` (first override only), so reports can count corrections."""
     if culprit not in Incident.Culprit.values:
-        raise ValueError(f"unknown culprit class {culprit!r}")
+        raise WorkflowError(f"unknown culprit class {culprit!r}")
     if not note.strip():
-        raise ValueError("a reclassification needs a note saying why")
+        raise WorkflowError("a reclassification needs a note saying why")
     now = now or timezone.now()
     row = Incident.objects.only("culprit", "classified_culprit").get(pk=incident.pk)
     entry = _journal_entry(f"reclassified {row.culprit} → {culprit}", by, note, now)
@@ -281,3 +404,92 @@ def incident_reclassify(
         culprit=culprit,
         classified_culprit=row.classified_culprit or row.culprit,
     )
+
+
+# --- culprits: the unit of work --------------------------------------------------------------
+
+_CULPRIT_LIVE = Q(status__in=[CulpritScore.Status.OPEN, CulpritScore.Status.ACKNOWLEDGED])
+
+
+def culprit_acknowledge(score: CulpritScore, *, by: str, note: str = "", now=None) -> bool:
+    now = now or timezone.now()
+    return _step(
+        score,
+        "acknowledged",
+        by=by,
+        note=note,
+        now=now,
+        allowed=Q(status=CulpritScore.Status.OPEN),
+        status=CulpritScore.Status.ACKNOWLEDGED,
+        acknowledged_at=now,
+        acknowledged_by=by[:150],
+    )
+
+
+def culprit_resolve(score: CulpritScore, *, by: str, note: str = "", now=None) -> bool:
+    """The cause was dealt with ("rack r008 recabled"). If it is implicated again afterwards,
+    fleet_correlate reopens it as a regression (``culprits_regress``)."""
+    now = now or timezone.now()
+    return _step(
+        score,
+        "resolved",
+        by=by,
+        note=note,
+        now=now,
+        allowed=~Q(status=CulpritScore.Status.RESOLVED),
+        status=CulpritScore.Status.RESOLVED,
+        resolved_at=now,
+        resolved_by=by[:150],
+    )
+
+
+def culprit_mute(score: CulpritScore, *, by: str, note: str = "", now=None) -> bool:
+    """Known and accepted: no notifications, out of the overview; history goes on."""
+    now = now or timezone.now()
+    return _step(
+        score,
+        "muted",
+        by=by,
+        note=note,
+        now=now,
+        allowed=~Q(status=CulpritScore.Status.MUTED),
+        status=CulpritScore.Status.MUTED,
+    )
+
+
+def culprit_reopen(score: CulpritScore, *, by: str, note: str = "", now=None) -> bool:
+    """Resolved or muted -> open."""
+    now = now or timezone.now()
+    return _step(
+        score,
+        "reopened",
+        by=by,
+        note=note,
+        now=now,
+        allowed=~_CULPRIT_LIVE,
+        status=CulpritScore.Status.OPEN,
+        resolved_at=None,
+        resolved_by="",
+    )
+
+
+def culprit_assign(score: CulpritScore, *, assignee: str, by: str, note: str = "", now=None):
+    return _assign(score, assignee, by=by, note=note, now=now or timezone.now())
+
+
+def culprit_snooze(score: CulpritScore, *, until, by: str, note: str = "", now=None) -> bool:
+    return _snooze(score, until, by=by, note=note, now=now or timezone.now())
+
+
+INCIDENT_ACTIONS = {
+    "acknowledge": incident_acknowledge,
+    "resolve": incident_resolve,
+    "reopen": incident_reopen,
+    "fix-applied": incident_fix_applied,
+}
+CULPRIT_ACTIONS = {
+    "acknowledge": culprit_acknowledge,
+    "resolve": culprit_resolve,
+    "mute": culprit_mute,
+    "reopen": culprit_reopen,
+}

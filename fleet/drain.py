@@ -295,7 +295,7 @@ def drain_resume(host: Host, by: str = "", *, adapter: Adapter | None = None):
 def hosts_health(now: datetime | None = None) -> list:
     """Every host's health. Only hosts implicated within the memory window can be anything
     but ``ok``, so only those pay for ``host_health``; the rest are ok without a query each."""
-    from analysis.memory import HostHealth, host_health, window_days
+    from analysis.memory import HostHealth, hosts_health_of, window_days
 
     now = now or timezone.now()
     since = now - timedelta(days=window_days())
@@ -304,10 +304,9 @@ def hosts_health(now: datetime | None = None) -> list:
     ).values_list("entity__key", flat=True)
     implicated = {key.split("/")[0] for key in keys}
     repairs = dict(HostRepair.objects.order_by("at").values_list("host_id", "at"))
-    out = []
-    for host in Host.objects.order_by("hostname"):
-        if host.hostname in implicated:
-            out.append(host_health(host, now))
-        else:
-            out.append(HostHealth(host.hostname, "ok", 0.0, [], [], repairs.get(host.pk)))
-    return out
+    hosts = list(Host.objects.order_by("hostname"))
+    judged = hosts_health_of([h for h in hosts if h.hostname in implicated], now)
+    return [
+        judged.get(h.hostname) or HostHealth(h.hostname, "ok", 0.0, [], [], repairs.get(h.pk))
+        for h in hosts
+    ]

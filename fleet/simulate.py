@@ -76,9 +76,23 @@ FAMILIES = [
 
 
 class Simulator:
-    def __init__(self, *, hosts: int, days: int, seed: int, end: datetime, client=None):
+    def __init__(
+        self,
+        *,
+        hosts: int,
+        days: int,
+        seed: int,
+        end: datetime,
+        client=None,
+        window: timedelta | None = None,
+        tag: str = "",
+    ):
+        """``days`` of the fleet's jobs, started over the ``window`` before ``end`` (default:
+        those days); ``tag`` ends every job name, so a second run never meets the first's jobs."""
         self.rng = random.Random(seed)
         self.seed, self.days, self.end = seed, days, end
+        self.window = window or timedelta(days=days)
+        self.tag = tag
         self.client = client or Client(HTTP_HOST="127.0.0.1")
         self.key = ""
         self.on_incident = None
@@ -195,12 +209,12 @@ class Simulator:
         are in (production's recompute after an incident)."""
         self.key = key
         self.on_incident = on_incident
-        start = self.end - timedelta(days=self.days)
+        start = self.end - self.window
         jobs = []
         for family in FAMILIES:
             count = max(1, round(family.per_day * len(self.hosts) / 100 * self.days))
             for n in range(count):
-                at = start + timedelta(seconds=self.rng.uniform(0, self.days * 86400))
+                at = start + timedelta(seconds=self.rng.uniform(0, self.window.total_seconds()))
                 jobs.append((at, family, n))
         # Starts and ends are processed in time order, so fleet memory at a tick knows exactly
         # the failures that had happened by then.
@@ -238,7 +252,7 @@ class Simulator:
 
     def _attempt(self, at: datetime, family: Family, n: int):
         hosts = self._pick_hosts(family)
-        job = f"{family.name}-{at:%m%d}-{n:04d}"
+        job = f"{family.name}-{at:%m%d}-{n:04d}{self.tag}"
         world = len(hosts) * GPUS_PER_HOST
         model = hosts[0]["model"]
         config = dict(family.config)

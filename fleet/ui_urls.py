@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from fleet import views
 
@@ -12,7 +12,11 @@ urlpatterns = [
     path("hosts/<str:hostname>/", views.host_detail, name="host-detail"),
     path("culprits/", views.culprit_list, name="culprit-list"),
     path("culprits/<int:pk>/", views.culprit_detail, name="culprit-detail"),
+    path("culprits/<int:pk>/<slug:action>/", views.culprit_action, name="culprit-action"),
+    path("rules/", views.rule_list, name="rule-list"),
+    path("search/", views.search, name="search"),
     path("jobs/", views.job_list, name="job-list"),
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
     path("artifacts/<int:pk>/", views.artifact, name="artifact"),
+    path("", include("fleet.notify_urls")),
 ]

@@ -67,8 +67,8 @@ def overview(request):
         request,
         "fleet/overview.html",
         {
-            "open_incidents": selectors.incident_list(status=Incident.Status.OPEN)[:10],
-            "open_count": Incident.objects.filter(status=Incident.Status.OPEN).count(),
+            "open_incidents": selectors.incidents_needing_attention()[:10],
+            "open_count": selectors.incidents_needing_attention().count(),
             "per_day": selectors.incidents_per_day(),
             "top_culprits": selectors.culprit_scores_top(),
             "hosts": selectors.hosts_needing_attention(),
@@ -84,9 +84,11 @@ def overview(request):
 def incident_list(request):
     filters = {
         name: request.GET.get(name, "").strip()
-        for name in ("culprit", "status", "job", "host", "since", "until", "sort")
+        for name in ("culprit", "status", "job", "host", "since", "until", "sort", "owner")
     }
     queryset = selectors.incident_list(
+        owner=filters["owner"],
+        me=request.user.get_username(),
         culprit=filters["culprit"],
         status=filters["status"],
         job=filters["job"],
@@ -114,13 +116,17 @@ def incident_list(request):
 
 
 def _incident_context(request, incident: Incident) -> dict:
+    timeline = selectors.incident_rank_timeline(incident)
     return {
         "incident": incident,
-        "evidence": selectors.incident_evidence_links(incident),
-        "timeline": selectors.incident_rank_timeline(incident),
+        "evidence": selectors.evidence_groups(selectors.incident_evidence_links(incident)),
+        "timeline": timeline,
+        "timeline_groups": selectors.timeline_groups(timeline),
+        "timeline_folded": len(timeline) > selectors.TIMELINE_ROWS_SHOWN,
         "hardware": selectors.incident_hardware_events(incident),
         "similar": selectors.incident_similar(incident),
         "culprits": Incident.Culprit.values,
+        "culprit_scores": selectors.incident_culprits(incident),
         "operator": is_operator(request.user),
     }
 
@@ -134,32 +140,77 @@ def incident_detail(request, pk: int):
     return render(request, "fleet/incident_detail.html", _incident_context(request, incident))
 
 
+# What each workflow step says when it was taken, and when it no longer applied.
+_SAID = {
+    "acknowledge": ("Acknowledged.", "It was no longer open."),
+    "resolve": ("Resolved.", "It was already resolved."),
+    "reopen": ("Reopened.", "It was not resolved."),
+    "mute": ("Muted: no notifications, out of the overview.", "It was already muted."),
+    "fix-applied": ("Fix recorded as applied.", "The fix was already recorded."),
+}
+
+
+def _snooze_until(value: str):
+    """A date (YYYY-MM-DD: until that day starts) or a datetime-local; blank: unsnooze."""
+    value = value.strip()
+    if not value:
+        return None
+    day = _date(value)
+    if day is not None:
+        return day
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise services.WorkflowError("snooze until a date (YYYY-MM-DD)") from None
+    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+
+
+def _workflow_step(request, row, action: str, steps: dict, assign, snooze) -> tuple[bool, str]:
+    """One step of the on-call loop from a form, for an incident or a culprit."""
+    by = request.user.get_username()
+    note = request.POST.get("note", "")[: services.NOTE_MAX]
+    try:
+        if action in steps:
+            done = steps[action](row, by=by, note=note)
+            return done, _SAID[action][0 if done else 1]
+        if action == "assign":
+            assignee = by if request.POST.get("to") == "me" else request.POST.get("assignee", "")
+            assign(row, assignee=assignee, by=by, note=note)
+            return True, f"Assigned to {assignee.strip()}." if assignee.strip() else "Unassigned."
+        if action == "snooze":
+            until = _snooze_until(request.POST.get("until", ""))
+            snooze(row, until=until, by=by, note=note)
+            return True, f"Snoozed until {until:%Y-%m-%d %H:%M %Z}." if until else "Unsnoozed."
+    except services.WorkflowError as error:
+        return False, str(error)
+    raise Http404("No such action")
+
+
 @require_POST
 @operator_required
 def incident_action(request, pk: int, action: str):
     incident = get_object_or_404(Incident, pk=pk)
-    by = request.user.get_username()
-    note = request.POST.get("note", "")[: services.NOTE_MAX]
-    if action == "acknowledge":
-        done = services.incident_acknowledge(incident, by=by, note=note)
-        text = "Acknowledged." if done else "It was no longer open."
-    elif action == "resolve":
-        done = services.incident_resolve(incident, by=by, note=note)
-        text = "Resolved." if done else "It was already resolved."
-    elif action == "fix-applied":
-        done = services.incident_fix_applied(incident, by=by, note=note)
-        text = "Fix recorded as applied." if done else "The fix was already recorded."
-    elif action == "reclassify":
+    if action == "reclassify":
         try:
             services.incident_reclassify(
-                incident, culprit=request.POST.get("culprit", ""), by=by, note=note
+                incident,
+                culprit=request.POST.get("culprit", ""),
+                by=request.user.get_username(),
+                note=request.POST.get("note", "")[: services.NOTE_MAX],
             )
         except ValueError as error:
             done, text = False, str(error)
         else:
             done, text = True, "Reclassified."
     else:
-        raise Http404("No such action")
+        done, text = _workflow_step(
+            request,
+            incident,
+            action,
+            services.INCIDENT_ACTIONS,
+            services.incident_assign,
+            services.incident_snooze,
+        )
     (messages.success if done else messages.warning)(request, text)
     if _is_htmx(request):
         incident = selectors.incident_get(pk)
@@ -175,8 +226,27 @@ def incident_action(request, pk: int, action: str):
 @login_required
 def host_list(request):
     query = request.GET.get("q", "").strip()
-    page = Paginator(selectors.host_list(query), PAGE_SIZE).get_page(request.GET.get("page"))
-    return render(request, "fleet/host_list.html", {"page": page, "q": query})
+    verdict = request.GET.get("verdict", "")
+    sort = request.GET.get("sort", "hostname")
+    hosts = selectors.host_list(query, verdict=verdict, sort=sort)
+    page = Paginator(hosts, PAGE_SIZE).get_page(request.GET.get("page"))
+    health = memory.hosts_health_of(page.object_list)
+    for host in page.object_list:
+        host.health = health[host.hostname]
+    kept = request.GET.copy()
+    kept.pop("page", None)
+    return render(
+        request,
+        "fleet/host_list.html",
+        {
+            "page": page,
+            "q": query,
+            "verdict": verdict,
+            "sort": sort,
+            "sorts": list(selectors.HOST_SORTS),
+            "kept": kept.urlencode(),
+        },
+    )
 
 
 @login_required
@@ -217,7 +287,11 @@ def host_action(request, hostname: str, action: str):
         messages.success(request, f"{host.hostname} marked repaired; its health starts afresh.")
     elif action == "drain":
         row = host_drain(host, reason=note or "drained from the Fleetwatch UI", by=by)
-        messages.success(request, f"Drain of {host.hostname}: {row.result}.")
+        if row.dry_run:
+            text = f"Dry run: nothing ran. To drain {host.hostname} it would run: {row.command}"
+        else:
+            text = f"Drain of {host.hostname}: {row.result}. Ran: {row.command}"
+        messages.success(request, text)
     else:
         raise Http404("No such action")
     return redirect("host-detail", hostname=host.hostname)
@@ -250,16 +324,67 @@ def culprit_detail(request, pk: int):
     except CulpritScore.DoesNotExist:
         raise Http404("No such culprit") from None
     incidents = selectors.culprit_incidents(score)
-    fix = next((i.fix for i in incidents if i.fix and i.culprit == score.culprit), "")
     return render(
         request,
         "fleet/culprit_detail.html",
         {
             "score": score,
             "incidents": incidents,
-            "fix": fix,
+            "attempts": selectors.culprit_attempts(score),
+            "fix": selectors.culprit_fix(score, incidents),
             "trend": selectors.culprit_trend(incidents),
+            "host": selectors.culprit_host(score),
+            "rack_hosts": selectors.culprit_rack_hosts(score),
+            "operator": is_operator(request.user),
+            "now": timezone.now(),
         },
+    )
+
+
+@require_POST
+@operator_required
+def culprit_action(request, pk: int, action: str):
+    score = get_object_or_404(CulpritScore, pk=pk)
+    done, text = _workflow_step(
+        request,
+        score,
+        action,
+        services.CULPRIT_ACTIONS,
+        services.culprit_assign,
+        services.culprit_snooze,
+    )
+    (messages.success if done else messages.warning)(request, text)
+    return redirect("culprit-detail", pk=pk)
+
+
+@login_required
+def search(request):
+    """The box in the header: an incident id, a host, a job or a culprit's entity goes straight
+    to its page when it names exactly one; otherwise the matches of each kind."""
+    query = request.GET.get("q", "").strip()[:200]
+    if not query:
+        return redirect("overview")
+    if query.lstrip("#").isdigit() and Incident.objects.filter(pk=int(query.lstrip("#"))).exists():
+        return redirect("incident-detail", pk=int(query.lstrip("#")))
+    if Host.objects.filter(hostname=query).exists():
+        return redirect("host-detail", hostname=query)
+    job = Job.objects.filter(external_id=query).values_list("pk", flat=True).first()
+    if job is not None:
+        return redirect("job-detail", pk=job)
+    found = selectors.search(query)
+    if len(found["culprits"]) == 1 and found["culprits"][0].entity.key == query:
+        return redirect("culprit-detail", pk=found["culprits"][0].pk)
+    return render(request, "fleet/search.html", {"q": query, **found})
+
+
+@login_required
+def rule_list(request):
+    from analysis.classify.rules import RULESET_VERSION
+
+    return render(
+        request,
+        "fleet/rule_list.html",
+        {"rules": selectors.rules_precision(), "ruleset": RULESET_VERSION},
     )
 
 

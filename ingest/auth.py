@@ -73,3 +73,10 @@ class CanOperate(_ScopePermission):
 
     def user_allowed(self, user) -> bool:
         return user.is_staff or user.groups.filter(name="operators").exists()
+
+
+def actor_of(request) -> str:
+    """Who is acting, for audit records: a key as ``key:<prefix>``, else the user name."""
+    if isinstance(getattr(request, "auth", None), AgentKey):
+        return f"key:{request.auth.prefix}"
+    return getattr(getattr(request, "user", None), "username", "") or ""

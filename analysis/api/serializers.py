@@ -41,6 +41,13 @@ class IncidentSerializer(serializers.ModelSerializer):
             "classified_at",
             "revisions",
             "similar",
+            "assignee",
+            "snoozed_until",
+            "acknowledged_at",
+            "acknowledged_by",
+            "resolved_at",
+            "resolved_by",
+            "journal",
         ]
 
     def get_occurrence(self, incident) -> int:
@@ -96,5 +103,38 @@ class CulpritScoreSerializer(serializers.ModelSerializer):
             "incidents",
             "first_flagged_at",
             "incidents_when_flagged",
+            "attempts",
             "computed_at",
+            "status",
+            "assignee",
+            "snoozed_until",
+            "acknowledged_at",
+            "acknowledged_by",
+            "resolved_at",
+            "resolved_by",
+            "regressed_at",
+            "journal",
         ]
+
+
+class WorkflowSerializer(serializers.Serializer):
+    """The body of a workflow step: a note for the audit journal, and what the step needs."""
+
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+    assignee = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=150,
+        help_text="assign: a user name or a team ('team:storage'); blank takes it from everyone",
+    )
+    until = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="snooze: until when (null: unsnooze)"
+    )
+
+
+class AssignSerializer(WorkflowSerializer):
+    assignee = serializers.CharField(
+        allow_blank=True,
+        max_length=150,
+        help_text="a user name or a team ('team:storage'); blank takes it from everyone",
+    )

@@ -320,3 +320,210 @@ def test_the_host_page_shows_gpu_and_nic_counters_over_time_from_agent_uploads(
     assert "GPU counters over time" in html
     assert html.count("0000:3b:00.0") >= 2 and "<td>2</td>" in html
     assert "NIC counters over time" in html and "mlx5_2/1" in html and "<td>42</td>" in html
+
+
+def _culprit(key: str = "gpu-007", kind: str = "host", **fields) -> CulpritScore:
+    now = timezone.now()
+    return CulpritScore.objects.create(
+        entity=Entity.objects.create(kind=kind, key=key),
+        culprit=fields.pop("culprit", "bad_node_hardware"),
+        score=fields.pop("score", 9.0),
+        flagged=True,
+        implicated=3,
+        exposed=4,
+        baseline=0.01,
+        explanation="ran the rank the others waited for in 3 of its 4 attempts",
+        first_flagged_at=now - timedelta(hours=5),
+        computed_at=now,
+        **fields,
+    )
+
+
+def test_the_overview_says_who_owns_each_culprit_and_hides_what_is_dealt_with(admin_client):
+    _culprit("gpu-owned", assignee="team:hw")
+    _culprit("gpu-free")
+    _culprit("gpu-done", status="resolved")
+    _culprit("gpu-muted", status="muted")
+    _culprit("gpu-later", snoozed_until=timezone.now() + timedelta(days=2))
+    page = admin_client.get("/").content.decode()
+    table = page[page.index("top-culprits") :]
+    assert "host gpu-owned" in table and "team:hw" in table and "host gpu-free" in table
+    for hidden in ("gpu-done", "gpu-muted", "gpu-later"):
+        assert hidden not in table
+
+
+def test_acknowledged_incidents_stay_on_the_overview_with_their_owner(
+    admin_client, hostile_incident
+):
+    admin_client.post(f"/incidents/{hostile_incident.pk}/assign/", {"to": "me"})
+    admin_client.post(f"/incidents/{hostile_incident.pk}/acknowledge/")
+    page = admin_client.get("/").content.decode()
+    assert "acknowledged" in page and f"/incidents/{hostile_incident.pk}/" in page
+    assert Incident.objects.get(pk=hostile_incident.pk).assignee == "admin"
+
+
+def test_an_operator_takes_a_culprit_resolves_it_with_a_note_and_drains_its_host(admin_client):
+    score = _culprit("gpu-007")
+    Host.objects.create(hostname="gpu-007")
+    url = f"/culprits/{score.pk}"
+    page = admin_client.get(f"{url}/").content.decode()
+    assert "Assign to me</button>" in page and "Drain gpu-007</button>" in page
+    admin_client.post(f"{url}/assign/", {"to": "me"})
+    until = (timezone.now() + timedelta(days=3)).date().isoformat()
+    admin_client.post(f"{url}/snooze/", {"until": until})
+    admin_client.post(f"{url}/resolve/", {"note": "rack r008 <b>recabled</b>"})
+    score.refresh_from_db()
+    assert (score.status, score.assignee, score.resolved_by) == ("resolved", "admin", "admin")
+    assert score.snoozed_until.date().isoformat() == until
+    page = admin_client.get(f"{url}/").content.decode()
+    assert "rack r008 &lt;b&gt;recabled&lt;/b&gt;" in page and "Reopen</button>" in page
+    # Draining from the culprit page: a dry run says so, with the command it would run.
+    drained = admin_client.post("/hosts/gpu-007/drain/", {"note": "culprit"}, follow=True)
+    text = drained.content.decode()
+    assert "Dry run: nothing ran" in text and "scontrol" in text
+
+
+def test_a_snooze_in_the_past_or_not_a_date_is_refused_saying_why(admin_client):
+    score = _culprit()
+    url = f"/culprits/{score.pk}"
+    for value, why in (("2001-01-01", "future"), ("next tuesday", "YYYY-MM-DD")):
+        page = admin_client.post(f"{url}/snooze/", {"until": value}, follow=True)
+        assert why in page.content.decode()
+    score.refresh_from_db()
+    assert score.snoozed_until is None and score.journal == []
+
+
+def test_readers_cannot_take_a_culprit(reader_client):
+    score = _culprit()
+    assert "Assign to me" not in reader_client.get(f"/culprits/{score.pk}/").content.decode()
+    assert reader_client.post(f"/culprits/{score.pk}/assign/", {"to": "me"}).status_code == 403
+
+
+def test_a_setting_culprit_lists_the_failed_attempts_behind_it_and_a_fix(admin_client):
+    job = Job.objects.create(external_id="tp8-job")
+    attempt = Attempt.objects.create(job=job, status=Attempt.Status.FAILED)
+    score = _culprit(
+        "tensor_parallel=8 on H100",
+        kind="config",
+        culprit="parallelism_config",
+        attempts=[attempt.pk],
+    )
+    page = admin_client.get(f"/culprits/{score.pk}/").content.decode()
+    assert "tp8-job" in page and "No failed attempts recorded" not in page
+    assert "Run the affected jobs without tensor_parallel=8 on H100" in page
+
+
+def test_a_big_incident_shows_each_evidence_template_once_with_its_rank_ranges(admin_client):
+    job = Job.objects.create(external_id="big-job")
+    attempt = Attempt.objects.create(job=job, world_size=2048)
+    line = (
+        "[rank{r}]:[E1121 03:12:44.{r} ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=64058, OpType=ALLREDUCE, NumelIn=8, "
+        "NumelOut=8, Timeout(ms)=600000) ran for 60{r:04d} milliseconds before timing out."
+    )
+    evidence = [
+        {"file": f"rank{r}.log", "line": 7, "signal": "timeout", "text": line.format(r=r)}
+        for r in range(2048)
+        if r != 27
+    ]
+    evidence.insert(0, {"file": "gpu-9-dmesg.log", "line": 3, "signal": "xid", "text": "Xid 79"})
+    incident = Incident.objects.create(attempt=attempt, job=job, evidence=evidence)
+    page = admin_client.get(f"/incidents/{incident.pk}/").content.decode()
+    assert "2047 lines, ranks 0–26, 28–2047, e.g.:" in page
+    assert page.count("Watchdog caught collective operation timeout") == 1
+    assert "Xid 79" in page
+
+
+def test_the_rank_timeline_groups_ranks_by_what_they_did():
+    from analysis.selectors import RankRow, rank_ranges, timeline_groups
+
+    rows = [
+        RankRow(
+            rank=r,
+            host=f"h{r // 8}",
+            last_completed=64057,
+            failed_seq=64058,
+            op="ALLREDUCE",
+            timed_out=True,
+        )
+        for r in range(2048)
+        if r != 27
+    ]
+    rows.append(RankRow(rank=27, host="h3", last_completed=64057, lagged=True))
+    groups = timeline_groups(rows)
+    assert [(g["ranks"], g["state"], g["count"]) for g in groups] == [
+        ("27", "lagged", 1),
+        ("0–26, 28–2047", "timed out waiting", 2047),
+    ]
+    assert groups[1]["hosts"].endswith("and 253 more")
+    assert rank_ranges([5, 1, 2, 3, 9]) == "1–3, 5, 9"
+
+
+def test_a_rack_culprit_links_to_each_of_its_hosts(admin_client):
+    for n in (1, 2):
+        Host.objects.create(hostname=f"r008-n0{n}", rack="r008")
+    Host.objects.create(hostname="r009-n01", rack="r009")
+    score = _culprit("r008", kind="rack", culprit="network_transport")
+    page = admin_client.get(f"/culprits/{score.pk}/").content.decode()
+    assert 'href="/hosts/r008-n01/"' in page and 'href="/hosts/r008-n02/"' in page
+    assert "r009-n01" not in page
+
+
+def test_the_hosts_list_filters_by_verdict_and_sorts_by_last_incident(admin_client, upload):
+    from fleet.demo import XID_79
+    from tests.analysis.test_fleet_memory import run_job
+
+    run_job(upload, "xid-job", ["gpu-ok", "gpu-xid"], dmesg={"gpu-xid": XID_79})
+    Host.objects.create(hostname="gpu-idle")
+    drained = admin_client.get("/hosts/", {"verdict": "drain"}).content.decode()
+    assert "/hosts/gpu-xid/" in drained and "/hosts/gpu-idle/" not in drained
+    by_incident = admin_client.get("/hosts/", {"sort": "-last_incident"}).content.decode()
+    assert by_incident.index("/hosts/gpu-ok/") < by_incident.index("/hosts/gpu-idle/")
+    assert "?host=gpu-xid" in by_incident  # the last incident links to the host's incidents
+
+
+def test_the_search_box_goes_straight_to_what_it_names(admin_client, hostile_incident):
+    Host.objects.create(hostname="gpu-a07", rack="r008")
+    score = _culprit("r008", kind="rack")
+    assert admin_client.get("/search/", {"q": str(hostile_incident.pk)}).url == (
+        f"/incidents/{hostile_incident.pk}/"
+    )
+    assert admin_client.get("/search/", {"q": "gpu-a07"}).url == "/hosts/gpu-a07/"
+    job = hostile_incident.job
+    assert admin_client.get("/search/", {"q": job.external_id}).url == f"/jobs/{job.pk}/"
+    assert admin_client.get("/search/", {"q": "r008"}).url == f"/culprits/{score.pk}/"
+    page = admin_client.get("/search/", {"q": "a0"}).content.decode()
+    assert 'href="/hosts/gpu-a07/"' in page
+    hostile = admin_client.get("/search/", {"q": "<script>x</script>"}).content.decode()
+    assert "<script>x</script>" not in hostile and "&lt;script&gt;" in hostile
+
+
+def test_the_overview_and_hosts_list_take_few_queries_with_hundreds_of_implicated_hosts(
+    admin_client, django_assert_max_num_queries
+):
+    from analysis.models import Implication
+
+    now = timezone.now()
+    job = Job.objects.create(external_id="wide-job")
+    incident = Incident.objects.create(
+        attempt=Attempt.objects.create(job=job, status=Attempt.Status.FAILED),
+        job=job,
+        culprit="bad_node_hardware",
+    )
+    for i in range(300):
+        host = Host.objects.create(hostname=f"gpu-{i:04d}")
+        for key in (host.hostname, f"{host.hostname}/0000:3b:00"):
+            Implication.objects.create(
+                incident=incident,
+                entity=Entity.objects.create(kind="host" if "/" not in key else "gpu", key=key),
+                culprit="bad_node_hardware",
+                rule_id="gpu_hardware_fault" if i % 50 == 0 else "lagging_rank",
+                confidence=0.9 if i % 50 == 0 else 0.3,
+                at=now,
+            )
+    with django_assert_max_num_queries(14):
+        page = admin_client.get("/").content.decode()
+    assert "gpu-0000" in page and "verdict-drain" in page
+    with django_assert_max_num_queries(12):
+        hosts = admin_client.get("/hosts/").content.decode()
+    assert hosts.count("verdict-drain") == 1  # gpu-0000 on the first page of 50

@@ -76,6 +76,53 @@ ENDPOINTS = {
 }
 
 
+def _workflow(kind: str, step: str):
+    """A workflow step on an incident or a culprit made afresh (resolved first for reopen)."""
+
+    def path() -> str:
+        from analysis.models import CulpritScore, Entity
+
+        n = Job.objects.count()
+        status = "resolved" if step == "reopen" else "open"
+        if kind == "incidents":
+            job = Job.objects.create(external_id=f"j-wf-{n}")
+            row = Incident.objects.create(
+                attempt=Attempt.objects.create(job=job), job=job, status=status
+            )
+        else:
+            Job.objects.create(external_id=f"j-wf-{n}")  # only to number the entity
+            row = CulpritScore.objects.create(
+                entity=Entity.objects.create(kind="host", key=f"gpu-wf-{n}"),
+                culprit="bad_node_hardware",
+                score=9.0,
+                flagged=True,
+                implicated=3,
+                exposed=4,
+                baseline=0.01,
+                explanation="e",
+                computed_at=timezone.now(),
+                status=status,
+            )
+        return f"/api/v1/{kind}/{row.pk}/{step}"
+
+    path.template = f"/api/v1/{kind}/{{id}}/{step}"
+    if step == "assign":
+        body = lambda: {"assignee": "alice"}  # noqa: E731
+    elif step == "snooze":
+        body = lambda: {"until": (timezone.now() + timedelta(hours=1)).isoformat()}  # noqa: E731
+    else:
+        body = lambda: {"note": "hostile test"}  # noqa: E731
+    return ("post", path, "operate", body, "json", None)
+
+
+for _kind, _steps in (
+    ("incidents", ("acknowledge", "assign", "resolve", "snooze", "reopen")),
+    ("culprits", ("acknowledge", "assign", "resolve", "snooze", "reopen", "mute")),
+):
+    for _step in _steps:
+        ENDPOINTS[f"{_kind} {_step}"] = _workflow(_kind, _step)
+
+
 def _open_request_path() -> str:
     """An open artifact request of gpu-001, made afresh: its id is only known once it exists."""
     from ingest.models import ArtifactRequest
@@ -90,7 +137,7 @@ def _open_request_path() -> str:
 
 def _template(path) -> str:
     if callable(path):
-        return "/api/v1/artifact-requests/{id}/answer"
+        return getattr(path, "template", "/api/v1/artifact-requests/{id}/answer")
     return path.split("?")[0].replace("gpu-001", "{hostname}")
 
 

@@ -78,6 +78,8 @@ def _schema():
 
 
 _REQUEST_ID = [0]
+_OBJECT_ID = {"incidents": 0, "culprits": 0}
+INCIDENT_STEPS = ("acknowledge", "assign", "resolve", "snooze", "reopen")
 
 
 def _fuzz_write(operation, key: str, run_on_commit) -> set[int]:
@@ -105,7 +107,9 @@ def _fuzz_write(operation, key: str, run_on_commit) -> set[int]:
         if "hostname" in path and len(path["hostname"]) % 2:
             path["hostname"] = "gpu-bad"
         if "id" in path and isinstance(path["id"], int) and path["id"] % 2:
-            path["id"] = _REQUEST_ID[0]  # the artifact request that exists
+            # The artifact request, incident or culprit that exists.
+            kind = operation.path.split("/")[3]
+            path["id"] = _OBJECT_ID.get(kind) or _REQUEST_ID[0]
         with run_on_commit(execute=True):  # the parse and classification an upload enqueues
             response = case.call_and_validate(
                 headers={"Authorization": f"Bearer {key}"},
@@ -118,6 +122,13 @@ def _fuzz_write(operation, key: str, run_on_commit) -> set[int]:
             )
         seen.add(response.status_code)
 
+    if operation.path.endswith("/reopen"):
+        # Only a resolved item reopens: resolve the one that exists, so that the step does work.
+        from analysis.models import CulpritScore, Incident
+
+        model = Incident if "/incidents/" in operation.path else CulpritScore
+        kind = operation.path.split("/")[3]
+        model.objects.filter(pk=_OBJECT_ID[kind]).update(status="resolved")
     call()
     return seen
 
@@ -126,12 +137,26 @@ def test_write_endpoints_hold_to_their_schema(
     make_key, connections_kept_open, django_capture_on_commit_callbacks
 ):
     from django.test import override_settings
+    from django.utils import timezone
 
+    from analysis.models import CulpritScore, Entity
     from ingest.models import ArtifactRequest, Upload
 
     host, incident = incident_on("gpu-bad")
     _REQUEST_ID[0] = ArtifactRequest.objects.create(
         job_id=incident.job_id, attempt_id=incident.attempt_id, host=host, rank=0
+    ).pk
+    _OBJECT_ID["incidents"] = incident.pk
+    _OBJECT_ID["culprits"] = CulpritScore.objects.create(
+        entity=Entity.objects.get_or_create(kind="host", key="gpu-bad")[0],
+        culprit="bad_node_hardware",
+        score=9.0,
+        flagged=True,
+        implicated=3,
+        exposed=4,
+        baseline=0.01,
+        explanation="e",
+        computed_at=timezone.now(),
     ).pk
     key = make_key("upload", "read", "operate")
     statuses = {}
@@ -149,7 +174,9 @@ def test_write_endpoints_hold_to_their_schema(
         "POST /api/v1/artifact-requests/{id}/answer",
         "POST /api/v1/hosts/{hostname}/drain",
         "POST /api/v1/hosts/{hostname}/repaired",
+        *(f"POST /api/v1/incidents/{{id}}/{step}" for step in INCIDENT_STEPS),
+        *(f"POST /api/v1/culprits/{{id}}/{step}" for step in (*INCIDENT_STEPS, "mute")),
     }, statuses
     # Not only refusals: every operation also did its work at least once.
-    assert all({200, 202} & codes for codes in statuses.values()), statuses
+    assert {op: codes for op, codes in statuses.items() if not {200, 202} & codes} == {}
     assert Upload.objects.exclude(status__in=["received", "parsing"]).exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import secrets
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -12,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from analysis import memory
-from analysis.models import Incident
+from analysis.models import CulpritScore, Incident
 from fleet.celery import eager_countdowns
 from fleet.demo import demo_scenarios, healthy_log, rank_log
 from fleet.simulate import Simulator
@@ -32,9 +33,18 @@ class Command(BaseCommand):
             help="simulated days of history (a week: every planted "
             "culprit recurs often enough to be accused)",
         )
+        parser.add_argument(
+            "--again",
+            action="store_true",
+            help="the fleet's next day, squeezed into the time since the last resolution: the "
+            "planted culprits fail again, and one resolved meanwhile reopens as a regression",
+        )
 
-    def handle(self, *args, user: str, hosts: int, days: int, **options):
+    def handle(self, *args, user: str, hosts: int, days: int, again: bool = False, **options):
         _, key = AgentKey.objects.create_key(name="demo agent", scopes=[Scope.UPLOAD])
+        if again:
+            self._again(key, hosts)
+            return
         if not Incident.objects.exists():
             # A realistic recent history from the fleet simulator (planted culprits and noise),
             # then a few hand-made incidents of every common kind, all through the upload API.
@@ -60,6 +70,30 @@ class Command(BaseCommand):
         account.save()
         self.stdout.write(f"Demo fleet: {sent} artifacts uploaded.")
         self.stdout.write(f"Log in at http://127.0.0.1:8000/ as {user} / {password}")
+
+    def _again(self, key: str, hosts: int) -> None:
+        """Another simulated day of the same fleet (same seed: the same planted culprits), its
+        jobs started since the last culprit was resolved, so that their failures come after it."""
+        if not Incident.objects.exists():
+            raise CommandError("no demo fleet yet: run demo_fleet without --again first")
+        now = timezone.now()
+        resolved = (
+            CulpritScore.objects.filter(resolved_at__isnull=False)
+            .order_by("-resolved_at")
+            .values_list("resolved_at", flat=True)
+            .first()
+        )
+        window = min(timedelta(days=1), max(timedelta(minutes=1), now - (resolved or now)))
+        self.stdout.write(f"The fleet's next day, over the last {window}...")
+        sim = Simulator(hosts=hosts, days=1, seed=7, end=now, window=window, tag=f"-{now:%H%M%S}")
+        truth = sim.run(key)
+        memory.fleet_correlate()
+        AgentKey.objects.filter(name="demo agent").update(revoked=True)
+        reopened = CulpritScore.objects.filter(regressed_at__gte=now).count()
+        self.stdout.write(
+            f"  {truth.attempts} attempts, {truth.failures} failures; "
+            f"{reopened} resolved culprit(s) reopened as regressions."
+        )
 
     def _send_attempt(self, client, key, scenario, failed) -> int:
         sent = 0
