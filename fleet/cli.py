@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         "eval", help="score the diagnosis on the labelled corpus of real incidents (see README)"
     )
     ev.add_argument("--split", choices=("dev", "test", "all"), default="dev")
+    ev.add_argument(
+        "--cases",
+        metavar="DIR",
+        help="score another corpus in the same format (a fleet's own labelled incidents, from "
+        "`manage.py export_corpus`): every case in it, whatever --split says",
+    )
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.add_argument(
         "--no-perturb", action="store_true", help="skip the perturbation check (5x faster)"
@@ -191,9 +197,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {CALIBRATION_FILE.name}: {len(table['rules'])} rules")
             return 0
 
-        figures = evaluate(cases_on(args.split), perturb=not args.no_perturb)
-        figures["split"] = args.split
-        print(json.dumps(figures, indent=2) if args.json else render(figures, args.split))
+        if args.cases:
+            from analysis.corpus import CorpusError, load_cases
+
+            if args.calibrate:
+                print("fleetwatch eval: --calibrate measures on dev only", file=sys.stderr)
+                return EXIT_UNREADABLE
+            try:
+                cases, split = load_cases(Path(args.cases), strict=True), args.cases
+            except (OSError, CorpusError) as exc:
+                print(f"fleetwatch eval: {exc}", file=sys.stderr)
+                return EXIT_UNREADABLE
+        else:
+            cases, split = cases_on(args.split), args.split
+        figures = evaluate(cases, perturb=not args.no_perturb)
+        figures["split"] = split
+        print(json.dumps(figures, indent=2) if args.json else render(figures, split))
         return 0
     if args.command == "diagnose":
         try:

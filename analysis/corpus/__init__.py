@@ -50,10 +50,60 @@ def hashed_side(source_url: str) -> str:
     return "test" if int(digest[:8], 16) % 100 < TEST_PERCENT else "dev"
 
 
-def load_cases(root: Path = CASES) -> list[Case]:
+# The culprit vocabulary (DESIGN.md); a case labelled otherwise is not a case of this corpus.
+VOCABULARY = frozenset(
+    {
+        "bad_node_hardware",
+        "storage_io",
+        "dataloader_cpu",
+        "rank_desync_code",
+        "parallelism_config",
+        "network_transport",
+        "software_version",
+        "oom_or_crash",
+        "timeout_too_short",
+        "unknown",
+    }
+)
+REQUIRED = ("id", "source_url", "primary")
+
+
+class CorpusError(ValueError):
+    """A case that is not in the corpus format, saying which and why."""
+
+
+def _checked(meta: Any, meta_path: Path) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise CorpusError(f"{meta_path.name}: not a JSON object")
+    missing = [k for k in REQUIRED if not meta.get(k)]
+    if missing:
+        raise CorpusError(f"{meta_path.name}: missing {', '.join(missing)}")
+    for key in ("primary", "secondary"):
+        if meta.get(key) and meta[key] not in VOCABULARY:
+            raise CorpusError(f"{meta_path.name}: {key} {meta[key]!r} is not a culprit class")
+    if not meta_path.with_suffix(".log").is_file():
+        raise CorpusError(f"{meta_path.name}: no {meta_path.with_suffix('.log').name} beside it")
+    return meta
+
+
+def load_cases(root: Path = CASES, *, strict: bool = False) -> list[Case]:
+    """The cases in ``root``. ``strict`` (a corpus from elsewhere): every case is checked and
+    the first that is not in the format raises CorpusError; an empty folder too."""
     cases = []
-    for meta_path in sorted(root.glob("*.json")):
-        meta = json.loads(meta_path.read_text())
+    paths = sorted(root.glob("*.json"))
+    if strict and not root.is_dir():
+        raise CorpusError(f"{root}: no such folder")
+    if strict and not paths:
+        raise CorpusError(f"{root}: no <id>.json cases in it")
+    for meta_path in paths:
+        try:
+            meta = json.loads(meta_path.read_text())
+        except ValueError as exc:
+            if strict:
+                raise CorpusError(f"{meta_path.name}: not JSON ({exc})") from None
+            raise
+        if strict:
+            meta = _checked(meta, meta_path)
         cases.append(
             Case(
                 id=meta["id"],
