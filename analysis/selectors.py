@@ -469,12 +469,26 @@ def host_nic_counters(host: Host, limit: int = 100) -> list[dict]:
     return [{"received_at": e.upload.received_at, **e.attrs} for e in rows]
 
 
-def culprit_list(*, culprit: str = "", flagged: bool | None = None) -> QuerySet:
+def culprit_list(
+    *,
+    culprit: str = "",
+    flagged: bool | None = None,
+    status: str = "",
+    owner: str = "",
+    me: str = "",
+) -> QuerySet:
+    """``owner``: "mine" (assigned to ``me``) or "unowned"."""
     qs = CulpritScore.objects.select_related("entity").order_by("-flagged", "-score", "pk")
     if culprit:
         qs = qs.filter(culprit=culprit)
     if flagged is not None:
         qs = qs.filter(flagged=flagged)
+    if status:
+        qs = qs.filter(status=status)
+    if owner == "mine":
+        qs = qs.filter(assignee=me)
+    elif owner == "unowned":
+        qs = qs.filter(assignee="")
     return qs
 
 
@@ -521,6 +535,20 @@ def culprit_host(score: CulpritScore) -> str:
     if score.entity.kind in ("host", "gpu", "nic"):
         return score.entity.key.split("/", 1)[0]
     return ""
+
+
+def host_culprits(host: Host) -> list[CulpritScore]:
+    """The culprits that are this host, its GPUs or NICs, or its rack: host → culprit links."""
+    query = Q(entity__kind="host", entity__key=host.hostname) | Q(
+        entity__kind__in=["gpu", "nic"], entity__key__startswith=f"{host.hostname}/"
+    )
+    if host.rack:
+        query |= Q(entity__kind="rack", entity__key=host.rack)
+    return list(
+        CulpritScore.objects.filter(query)
+        .select_related("entity")
+        .order_by("-flagged", "-score")[:8]
+    )
 
 
 def culprit_rack_hosts(score: CulpritScore, limit: int = 64) -> list[str]:

@@ -259,6 +259,7 @@ def host_detail(request, hostname: str):
         {
             "host": host,
             "health": memory.host_health(host),
+            "culprit_scores": selectors.host_culprits(host),
             "incidents": incidents,
             "gpus": host.gpus.all(),
             "hardware": selectors.host_hardware_events(host),
@@ -304,15 +305,29 @@ def host_action(request, hostname: str, action: str):
 def culprit_list(request):
     culprit = request.GET.get("culprit", "")
     flagged = {"yes": True, "no": False}.get(request.GET.get("flagged", ""))
-    page = Paginator(selectors.culprit_list(culprit=culprit, flagged=flagged), PAGE_SIZE)
+    status = request.GET.get("status", "")
+    owner = request.GET.get("owner", "")
+    scores = selectors.culprit_list(
+        culprit=culprit,
+        flagged=flagged,
+        status=status,
+        owner=owner,
+        me=request.user.get_username(),
+    )
+    kept = request.GET.copy()
+    kept.pop("page", None)
     return render(
         request,
         "fleet/culprit_list.html",
         {
-            "page": page.get_page(request.GET.get("page")),
+            "page": Paginator(scores, PAGE_SIZE).get_page(request.GET.get("page")),
             "culprit": culprit,
             "flagged": request.GET.get("flagged", ""),
+            "status": status,
+            "owner": owner,
             "culprits": Incident.Culprit.values,
+            "statuses": CulpritScore.Status.values,
+            "kept": kept.urlencode(),
         },
     )
 

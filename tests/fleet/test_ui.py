@@ -527,3 +527,26 @@ def test_the_overview_and_hosts_list_take_few_queries_with_hundreds_of_implicate
     with django_assert_max_num_queries(12):
         hosts = admin_client.get("/hosts/").content.decode()
     assert hosts.count("verdict-drain") == 1  # gpu-0000 on the first page of 50
+
+
+def test_the_culprit_list_filters_by_state_and_owner_and_a_host_links_to_its_culprits(
+    admin_client,
+):
+    host = Host.objects.create(hostname="gpu-007", rack="r008")
+    mine = _culprit("gpu-007", assignee="admin")
+    _culprit("r008", kind="rack", status="resolved")
+    _culprit("gpu-free")
+    listed = admin_client.get("/culprits/", {"owner": "mine"}).content.decode()
+    assert f"/culprits/{mine.pk}/" in listed and "gpu-free" not in listed
+    resolved = admin_client.get("/culprits/", {"status": "resolved"}).content.decode()
+    assert "rack r008" in resolved and "gpu-007" not in resolved
+    page = admin_client.get(f"/hosts/{host.hostname}/").content.decode()
+    assert f"/culprits/{mine.pk}/" in page and "rack r008" in page
+
+
+def test_a_fix_renders_its_code_spans_and_nothing_else_as_markup(admin_client, hostile_incident):
+    Incident.objects.filter(pk=hostile_incident.pk).update(
+        fix="Set `NCCL_SOCKET_IFNAME=eth0` <b>now</b>"
+    )
+    page = admin_client.get(f"/incidents/{hostile_incident.pk}/").content.decode()
+    assert "<code>NCCL_SOCKET_IFNAME=eth0</code> &lt;b&gt;now&lt;/b&gt;" in page
