@@ -292,9 +292,7 @@ def _step(row, action: str, *, by: str, note: str, now, allowed: Q | None, **fie
     query = type(row).objects.filter(pk=row.pk)
     if allowed is not None:
         query = query.filter(allowed)
-    if fields and not query.update(**fields):
-        return False
-    if not fields and not query.exists():
+    if not query.update(**fields):
         return False
     _journal_append(row, _journal_entry(action, by, note, now))
     return True
