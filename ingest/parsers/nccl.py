@@ -175,7 +175,9 @@ _RESULT_NAME = re.compile(
 )
 _ABORTED = re.compile(r"NCCL communicator was aborted(?: on rank (?P<rank>\d+))?")  # 1.9+
 _PEER_CLOSED = re.compile(r"Connection closed by localRank (?P<peer>\d+)")  # 2.12+
-_CUDA_FAILURE = re.compile(r"Cuda failure '(?P<what>[^']*)'")  # NCCL WARN, all eras
+# NCCL WARN, all eras; newer CUDACHECKs print the cudaError_t number first ("Cuda failure 2 'out
+# of memory'", src/include/checks.h), as the knowledge base's NVLS entry reads it.
+_CUDA_FAILURE = re.compile(r"Cuda failure (?:\d+ )?'(?P<what>[^']*)'")
 _REMOTE_CLOSED = re.compile(r"(?:Connection closed by remote peer|Connection reset by peer)")
 
 

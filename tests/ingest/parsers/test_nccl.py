@@ -243,6 +243,12 @@ CASES = [
         {"gpu": 3, "via": "nccl"},
     ),
     (
+        "WARN cuda failure with the error's number (newer NCCL)",
+        "gpu-a:1:2 [5] transport/nvls.cc:208 NCCL WARN Cuda failure 2 'out of memory'",
+        "cuda_oom",
+        {"gpu": 5, "via": "nccl"},
+    ),
+    (
         "NCCL version on an INFO line",
         "gpu-a:1234:1234 [0] NCCL INFO NCCL version 2.18.5+cuda12.1",
         "config_value",
