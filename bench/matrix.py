@@ -59,6 +59,19 @@ def _run_jobs(faults: list[str], root: Path, say) -> dict[str, Path]:
     return out
 
 
+MISSES = ROOT / "var" / "bench-misses"
+
+
+def _keep(outdir: Path, fault: str) -> Path:
+    """Copy a job whose verdict was wrong out of the bench's temporary directory (var/ is the
+    checkout's own, ignored by git): a verdict that depends on load is read from its artifacts."""
+    import shutil
+
+    target = MISSES / f"{fault}-{datetime.now():%Y%m%d-%H%M%S}"
+    shutil.copytree(outdir, target, symlinks=True, ignore_dangling_symlinks=True)
+    return target
+
+
 def _job_of(outdir: Path) -> str:
     return "elastic:" + json.loads((outdir / "harness.json").read_text())["job_id"]
 
@@ -161,8 +174,13 @@ def run(workdir: Path, *, quick: bool, say) -> list[dict]:
                 worst_after_s = max(worst_after_s, after)
                 late += after > 5.0
                 notes.append(f"{fault}: {incident['culprit']} rank {ranks[:1]}, {n} revision(s)")
-                if not ok:  # what it said instead, so that a miss in a CI log can be read
-                    notes.append(f"{fault} said: {incident['summary'][:400]}")
+                if not ok:  # what it said instead, and the job's artifacts, to be read later
+                    kept = _keep(outdir, fault)
+                    notes.append(
+                        f"{fault} said: {incident['summary'][:400]} (rules "
+                        f"{', '.join(incident.get('rule_ids', [])) or 'none'}; "
+                        f"artifacts kept in {kept})"
+                    )
     finally:
         drop_database(name)
         redis_flush(redis)
