@@ -121,18 +121,15 @@ class WorkflowSerializer(serializers.Serializer):
     """The body of a workflow step: a note for the audit journal, and what the step needs."""
 
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
-    assignee = serializers.CharField(
-        required=False,
-        allow_blank=True,
-        max_length=150,
-        help_text="assign: a user name or a team ('team:storage'); blank takes it from everyone",
-    )
     until = serializers.DateTimeField(
         required=False, allow_null=True, help_text="snooze: until when (null: unsnooze)"
     )
 
 
-class AssignSerializer(WorkflowSerializer):
+class AssignSerializer(serializers.Serializer):
+    """The body of ``assign``: who takes it, and a note for the journal."""
+
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
     assignee = serializers.CharField(
         allow_blank=True,
         max_length=150,
