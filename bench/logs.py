@@ -1,16 +1,20 @@
-"""A generated training log: millions of lines of noise with a few incident lines planted in it.
+"""Generated training logs: millions of lines of noise with a few incident lines planted in them.
 
-The log imitates what a 2-node, 16-rank PyTorch 2.5 job leaves behind with ``NCCL_DEBUG=INFO``:
-step lines from several frameworks, tqdm bars redrawn with ``\\r``, Python and dynamo warnings,
-data loader prints, NCCL init blocks, and — about one line in ten thousand — what an incident
-prints: ProcessGroupNCCL watchdog timeouts with their progress line, NCCL WARN lines, an Xid
-from the kernel log, a CUDA out-of-memory traceback.
+Each *mix* (``MIXES``) imitates what a 2-node, 16-rank PyTorch 2.5 job leaves behind under one
+setting: ``info`` (``NCCL_DEBUG=INFO`` with ``NCCL_DEBUG_SUBSYS=COLL``: a third of the lines are
+per-collective INFO lines, communicators created often), ``quiet`` (``NCCL_DEBUG=WARN``),
+``warn_storm`` (an InfiniBand port flapping: bursts of NET/IB warnings), ``traceback_storm`` (every
+rank dumping its stacks now and then) and ``training`` (the first mix: WARN level with a
+communicator now and then). The noise is step lines from several frameworks, tqdm bars redrawn with
+``\\r``, Python and dynamo warnings, data loader prints; incidents are what a failure prints:
+ProcessGroupNCCL watchdog timeouts with their progress line, NCCL WARN lines, an Xid from the
+kernel log, a CUDA out-of-memory traceback.
 
 Everything is drawn from one seeded ``random.Random`` and written in chunks, so the same seed
-and size give the same bytes, and a 200 MB log costs no more memory than a 2 MB one. The same
+and size give the same bytes, and a 1 GB log costs no more memory than a 2 MB one. The same
 seed at a smaller size gives (almost exactly) a prefix of the larger log. ``write_log`` returns
 the ``Planted`` manifest: how many lines of each incident kind went in, which is what the
-diagnosis pass must find.
+diagnosis pass must find. ``append_failure`` ends a log with a failure of its own.
 """
 
 from __future__ import annotations
@@ -22,8 +26,6 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 
-# One incident burst (about 7 lines) per this many lines: ~0.01% of lines are incident lines.
-INCIDENT_EVERY = 70_000
 # Written to disk in chunks of about this many characters.
 FLUSH_CHARS = 1 << 20
 
@@ -354,17 +356,154 @@ def _nccl_init(job: _Job, rank: int | None = None) -> tuple[str, int]:
     return "\n".join(prefix + line for line in lines), len(lines)
 
 
-_NOISE = (
-    (_step_line, 30),
-    (_tqdm_line, 14),
-    (_loader_line, 18),
-    (_misc_line, 8),
-    (_py_warning, 4),
-    (_dynamo_warning, 6),
-    (_nccl_init, 0.01),  # a new communicator now and then; ~0.3% of lines
+def _nccl_coll(job: _Job) -> tuple[str, int]:
+    """What ``NCCL_DEBUG_SUBSYS=COLL`` prints for every collective on every rank (NCCL 2.21,
+    src/enqueue.cc: ``INFO(NCCL_COLL, "%s: opCount %lx sendbuff %p recvbuff %p count %zu datatype
+    %d op %d root %d comm %p [nranks=%d] stream %p", …)``): a third of a real INFO log."""
+    rng = job.rng
+    job.seq += 1
+    op, dtype = rng.choice((("AllReduce", 7), ("AllGather", 9), ("ReduceScatter", 9)))
+    count = rng.choice((25_165_824, 4_194_304, 131_072, 1))
+    lines = []
+    for rank in rng.sample(range(WORLD), rng.randrange(2, 6)):
+        buf = 0x7F0000000000 + (job.pids[rank] << 12)
+        lines.append(
+            f"{job.nccl_head(rank, tid=True)} NCCL INFO {op}: opCount {job.seq:x} sendbuff "
+            f"0x{buf:x} recvbuff 0x{buf + 0x4000000:x} count {count} datatype {dtype} op 0 "
+            f"root 0 comm 0x{0x55D000000000 + job.pids[rank]:x} [nranks={WORLD}] stream "
+            f"0x{0x55E000000000 + job.pids[rank]:x}"
+        )
+    return "\n".join(lines), len(lines)
+
+
+def _ib_port_flap(job: _Job) -> tuple[str, int]:
+    """An InfiniBand port going down and up for a while: NCCL's async event thread warns on every
+    event on every rank of the host (src/transport/net_ib.cc, ``ncclIbAsyncThreadMain``: "NET/IB
+    : %s:%d Got async event : %s", the event named by ``ibv_event_type_str``), the subnet
+    manager's GID change with it; hundreds of lines a burst."""
+    rng = job.rng
+    host = rng.randrange(len(HOSTS))
+    hca = f"mlx5_{rng.randrange(4)}:1"
+    lines = []
+    for _ in range(rng.randrange(20, 80)):
+        job.clock.tick(rng.uniform(0.05, 2))
+        rank = host * GPUS_PER_HOST + rng.randrange(GPUS_PER_HOST)
+        head = job.nccl_head(rank, tid=True)
+        event = rng.choice(("port error", "GID table change", "port active"))
+        lines.append(f"{head} NCCL WARN NET/IB : {hca} Got async event : {event}")
+    return "\n".join(lines), len(lines)
+
+
+_STACK_FRAMES = (
+    ("/usr/lib/python3.11/threading.py", 327, "wait"),
+    ("/usr/lib/python3.11/threading.py", 629, "wait"),
+    (
+        "/usr/local/lib/python3.11/site-packages/torch/utils/data/_utils/pin_memory.py",
+        54,
+        "do_one_step",
+    ),
+    (
+        "/usr/local/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
+        2501,
+        "all_reduce",
+    ),
+    ("/usr/local/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", 1636, "forward"),
+    ("/workspace/train.py", 388, "main"),
+    ("/workspace/train.py", 412, "<module>"),
 )
-_EMITTERS = tuple(e for e, _ in _NOISE)
-_CUMULATIVE = tuple(accumulate(w for _, w in _NOISE))
+
+
+def _stack_dump(job: _Job) -> tuple[str, int]:
+    """Every rank dumping its threads' stacks at once (``faulthandler.dump_traceback`` from a
+    SIGUSR handler, as a hang detector triggers it) or dying with a Python traceback: a burst of
+    a few hundred lines."""
+    rng = job.rng
+    lines = []
+    fatal = rng.random() < 0.3
+    for rank in range(WORLD):
+        pre = f"[rank{rank}]:"
+        if not fatal:
+            for depth in (0, 2):
+                lines.append(
+                    f"{pre}Thread 0x{0x7F0000000000 + rng.getrandbits(32):016x} (most recent "
+                    "call first):"
+                )
+                for path, line, fn in _STACK_FRAMES[depth:]:
+                    lines.append(f'{pre}  File "{path}", line {line} in {fn}')
+        else:
+            lines.append(f"{pre}Traceback (most recent call last):")
+            for path, line, fn in reversed(_STACK_FRAMES[3:]):
+                lines.append(f'{pre}  File "{path}", line {line}, in {fn}')
+                lines.append(f"{pre}    {fn}(...)")
+            lines.append(f"{pre}KeyboardInterrupt")
+    return "\n".join(lines), len(lines)
+
+
+# What each mix is made of: (emitter, weight) pairs, and one incident per how many lines.
+#   training: a job with NCCL_DEBUG=WARN and a communicator now and then (the original mix)
+#   info:     NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=COLL: a third of the lines are per-collective
+#             INFO lines, communicators are created often (sub-groups), incidents every ~20k lines
+#   quiet:    NCCL_DEBUG=WARN, no NCCL line except the incidents'
+#   warn_storm: an IB port flapping under a quiet job, bursts of NET/IB warnings (~5% of lines)
+#   traceback_storm: every rank dumping its stacks now and then (~5% of lines)
+MIXES: dict[str, tuple[tuple[tuple[object, float], ...], int]] = {
+    "training": (
+        (
+            (_step_line, 30),
+            (_tqdm_line, 14),
+            (_loader_line, 18),
+            (_misc_line, 8),
+            (_py_warning, 4),
+            (_dynamo_warning, 6),
+            (_nccl_init, 0.01),  # a new communicator now and then; ~0.3% of lines
+        ),
+        70_000,
+    ),
+    "info": (
+        (
+            (_step_line, 24),
+            (_tqdm_line, 8),
+            (_loader_line, 10),
+            (_misc_line, 4),
+            (_py_warning, 2),
+            (_dynamo_warning, 4),
+            (_nccl_coll, 12),  # ~3.5 lines each: ~30% of lines
+            (_nccl_init, 0.15),  # ~30 lines each: ~4% of lines
+        ),
+        20_000,
+    ),
+    "quiet": (
+        (
+            (_step_line, 40),
+            (_tqdm_line, 14),
+            (_loader_line, 18),
+            (_misc_line, 8),
+            (_py_warning, 4),
+            (_dynamo_warning, 6),
+        ),
+        70_000,
+    ),
+    "warn_storm": (
+        (
+            (_step_line, 30),
+            (_tqdm_line, 10),
+            (_loader_line, 14),
+            (_misc_line, 6),
+            (_ib_port_flap, 0.1),
+        ),
+        70_000,
+    ),
+    "traceback_storm": (
+        (
+            (_step_line, 30),
+            (_tqdm_line, 10),
+            (_loader_line, 14),
+            (_misc_line, 6),
+            (_stack_dump, 0.05),
+        ),
+        70_000,
+    ),
+}
 
 
 def _job_start(job: _Job) -> tuple[str, int]:
@@ -492,21 +631,34 @@ def _incident(job: _Job, planted: Planted) -> tuple[str, int]:
 # --- writer -----------------------------------------------------------------------------------
 
 
-def write_log(path: str | Path, size_bytes: int, seed: int = 4187) -> Planted:
-    """Write about ``size_bytes`` of log to ``path``; return what was planted in it."""
+def write_log(
+    path: str | Path,
+    size_bytes: int,
+    seed: int = 4187,
+    mix: str = "training",
+    *,
+    incidents: bool = True,
+) -> Planted:
+    """Write about ``size_bytes`` of ``mix`` (see MIXES) to ``path``; return what was planted.
+    ``incidents=False`` writes the noise alone (a healthy stretch of the same job)."""
+    noise, incident_every = MIXES[mix]
+    if not incidents:
+        incident_every = 1 << 62
+    emitters = tuple(e for e, _ in noise)
+    cumulative = tuple(accumulate(w for _, w in noise))
     rng = random.Random(seed)
     job = _Job(rng)
     planted = Planted(path=str(path), seed=seed)
     # The first incident comes early so that even a small log has one to find; after that, one
-    # at a random line of every block of INCIDENT_EVERY lines.
-    next_incident = rng.randrange(1_000, 5_000)
+    # at a random line of every block of the mix's incident interval.
+    next_incident = rng.randrange(1_000, 5_000) if incidents else incident_every
     block_end = 0
     written = 0
     pending: list[str] = []
     pending_chars = 0
     lines = 0
     random_ = rng.random
-    total_weight = _CUMULATIVE[-1]
+    total_weight = cumulative[-1]
     with open(path, "wb") as out:
         text, lines = _job_start(job)
         pending.append(text)
@@ -514,11 +666,11 @@ def write_log(path: str | Path, size_bytes: int, seed: int = 4187) -> Planted:
         while written + pending_chars < size_bytes:
             if lines >= next_incident:
                 text, n = _incident(job, planted)
-                next_incident = block_end + rng.randrange(INCIDENT_EVERY)
-                block_end += INCIDENT_EVERY
+                next_incident = block_end + rng.randrange(incident_every)
+                block_end += incident_every
             else:
-                emit = _EMITTERS[bisect(_CUMULATIVE, random_() * total_weight)]
-                text, n = emit(job)
+                emit = emitters[bisect(cumulative, random_() * total_weight)]
+                text, n = emit(job)  # type: ignore[operator]
             pending.append(text)
             pending_chars += len(text) + 1
             lines += n
@@ -530,4 +682,31 @@ def write_log(path: str | Path, size_bytes: int, seed: int = 4187) -> Planted:
             written += out.write(("\n".join(pending) + "\n").encode())
     planted.bytes = written
     planted.lines = lines
+    return planted
+
+
+def append_failure(path: str | Path, seed: int = 4187) -> Planted:
+    """End the log at ``path`` the way a job dies of a GPU falling off the bus: the kernel's Xid 79
+    for one GPU, then every other rank's watchdog timing out on the collective it never joined.
+    Returns what was appended."""
+    job = _Job(random.Random(seed))
+    job.clock.tick(3 * 24 * 3600)  # days into the job: after anything write_log printed
+    planted = Planted(path=str(path), seed=seed)
+    lines = _xid(job, planted)
+    seq = job.seq
+    _, glog, _ = job.clock.parts()
+    for rank in range(1, WORLD):
+        tag = f"[rank{rank}]:[E{glog}.{job.clock.frac(9)} ProcessGroupNCCL.cpp:"
+        lines.append(
+            f"{tag}632] [Rank {rank}] Watchdog caught collective operation timeout: "
+            f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=25165824, NumelOut=25165824, "
+            "Timeout(ms)=600000) ran for 600011 milliseconds before timing out."
+        )
+        job.clock.tick(0.001)
+    planted.count("watchdog_timeout", WORLD - 1)
+    text = "\n".join(lines) + "\n"
+    with open(path, "ab") as out:
+        planted.bytes = out.write(text.encode())
+    planted.lines = len(lines)
+    planted.incident_lines = len(lines)
     return planted

@@ -54,7 +54,7 @@ def diagnose(paths: list[str], *, jobs: int = 1):
 def diagnose_with_similar(paths: list[str], *, jobs: int = 1, notes: list | None = None):
     """The verdict, and the resolved public incidents most like these files. ``notes``, when
     given, collects what the reader should know of how the files were read (events dropped
-    past the bound)."""
+    past the bound, repeated lines counted rather than parsed)."""
     from analysis.classify import IncidentContext, classify
     from analysis.corpus.similar import similar_cases
     from ingest.parsers import parse_files
@@ -68,6 +68,11 @@ def diagnose_with_similar(paths: list[str], *, jobs: int = 1, notes: list | None
         if notes is not None and result.dropped_events:
             said = (i.message for i in result.issues if "were dropped" in i.message)
             notes.append(f"{path}: " + next(said, f"{result.dropped_events} events dropped"))
+        if notes is not None and result.folded_lines:
+            notes.append(
+                f"{path}: {result.folded_lines} exact repeats of NCCL warnings or settings were "
+                "counted, not parsed"
+            )
         rank = rank_of_file(path, result.events)
         if rank is not None:
             ranks.add(rank)

@@ -66,22 +66,33 @@ def _load_hyperscan():
 
 
 _HYPERSCAN = _load_hyperscan()
-_DATABASES: dict[tuple[bytes, ...], object] = {}
+_DATABASES: dict[tuple, object] = {}
 
 
-def _database(triggers: tuple[bytes, ...]):
-    """A compiled literal-set database per trigger set, built once per process."""
-    db = _DATABASES.get(triggers)
+def _database(
+    triggers: tuple[bytes, ...], shapes: tuple[tuple[bytes, tuple[bytes, ...]], ...] = ()
+):
+    """A compiled database per trigger set, built once per process. A trigger with ``shapes``
+    is compiled as those patterns (single-line regular expressions) instead of as a literal: the
+    lines they leave out are the ones the trigger's ``skip`` would drop anyway."""
+    key = (triggers, shapes)
+    db = _DATABASES.get(key)
     if db is None:
         hs = _HYPERSCAN
+        refined = dict(shapes)
+        expressions = [
+            pattern
+            for trigger in triggers
+            for pattern in refined.get(trigger, (hs_escape(trigger),))
+        ]
         db = hs.Database(mode=hs.HS_MODE_BLOCK)
         db.compile(
-            expressions=[hs_escape(t) for t in triggers],
-            ids=list(range(len(triggers))),
-            elements=len(triggers),
-            flags=[0] * len(triggers),
+            expressions=expressions,
+            ids=list(range(len(expressions))),
+            elements=len(expressions),
+            flags=[0] * len(expressions),
         )
-        _DATABASES[triggers] = db
+        _DATABASES[key] = db
     return db
 
 
@@ -248,6 +259,9 @@ class LineScanner:
     printed when a job starts, and their many spellings would otherwise each cost a full pass.
     ``skip(raw)`` may drop a hit line before it is decoded: a job with ``NCCL_DEBUG=INFO``
     prints thousands of INFO lines that hold the ``NCCL`` trigger and say nothing new.
+    ``shapes`` tells the Hyperscan path which lines of a trigger ``skip`` could keep (see
+    ``_database``), so that the lines it would drop cost no Python at all; ``skip`` still has
+    the last word, and the other paths ignore ``shapes``.
     """
 
     def __init__(
@@ -261,6 +275,7 @@ class LineScanner:
         chunk_size: int = CHUNK_SIZE,
         fast: bool = True,
         skip: Callable[[bytes], bool] | None = None,
+        shapes: dict[bytes, tuple[bytes, ...]] | None = None,
     ):
         self._stream = stream
         self._triggers = triggers
@@ -272,6 +287,7 @@ class LineScanner:
         self._memmem = _MEMMEM if fast else None
         self._hyperscan = _HYPERSCAN is not None and fast and bool(triggers)
         self._skip = skip
+        self._shapes = tuple(sorted((shapes or {}).items()))
         self.lines_seen = 0
 
     def follow(self, lines: int) -> None:
@@ -285,11 +301,12 @@ class LineScanner:
         def on_match(_id, _start, end, _flags, _ctx):
             ends.append(end)
 
-        _database(self._triggers).scan(chunk, match_event_handler=on_match)
+        _database(self._triggers, self._shapes).scan(chunk, match_event_handler=on_match)
         if self._head_triggers and offset < self._head_bytes:
             head = chunk[: self._head_bytes - offset]
             _database(self._head_triggers).scan(head, match_event_handler=on_match)
-        starts = {chunk.rfind(b"\n", 0, end) + 1 for end in ends}
+        # A shape may end on the newline that closes its line ("NCCL[^ ]"): look before it.
+        starts = {chunk.rfind(b"\n", 0, end - 1) + 1 for end in ends}
         return sorted(starts)
 
     def _hits(self, chunk: bytes, offset: int) -> list[int]:

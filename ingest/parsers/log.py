@@ -46,6 +46,8 @@ class LineParser(Protocol):
 
     def flush(self) -> list[Event]: ...
 
+    # Optional: ``trigger_shapes: dict[bytes, tuple[bytes, ...]]`` narrows a trigger to the line
+    # shapes ``skip_raw`` could keep, for the pattern scanner (see LineScanner).
     # Optional: ``skip_raw(raw: bytes) -> bool`` says that a hit line is of this parser's own
     # format (an NCCL INFO line, a tqdm bar) and that no parser needs it, so the scanner may
     # drop it undecoded. It must be cheap and conservative.
@@ -78,6 +80,7 @@ class LogParse:
     issues: tuple[ParseIssue, ...] = ()
     lines: int = 0
     dropped_events: int = 0
+    folded_lines: int = 0  # exact repeats counted, not parsed (see NcclParser.skip_raw)
     complete: bool = True  # False when the input was cut off (truncated gzip)
 
     def of_kind(self, kind: str) -> list[Event]:
@@ -142,12 +145,14 @@ def parse_log(
         sorted({t for p in parsers for t in getattr(p, "head_triggers", ())} - set(triggers))
     )
     skips = [p.skip_raw for p in parsers if hasattr(p, "skip_raw")]
+    shapes = {t: s for p in parsers for t, s in getattr(p, "trigger_shapes", {}).items()}
     scanner = LineScanner(
         stream,
         triggers,
         head_triggers=head,
         head_bytes=HEAD_BYTES,
         skip=(lambda raw: any(skip(raw) for skip in skips)) if skips else None,
+        shapes=shapes,
     )
     out = _Collector(source)
     issues: list[ParseIssue] = []
@@ -169,6 +174,16 @@ def parse_log(
         issues.append(ParseIssue(last_line, str(exc)))
     for parser in parsers:
         out.add(parser.flush())
+    folded = sum(getattr(p, "folded", 0) for p in parsers)
+    if folded:
+        issues.insert(
+            0,
+            ParseIssue(
+                0,
+                f"{folded} exact repeats of NCCL warnings or settings already printed on the "
+                "same host were counted, not parsed (the first of each was read)",
+            ),
+        )
     dropped = out.issue()
     if dropped is not None:
         issues.insert(0, dropped)
@@ -178,5 +193,6 @@ def parse_log(
         issues=tuple(issues[:1000]),
         lines=scanner.lines_seen,
         dropped_events=out.dropped,
+        folded_lines=folded,
         complete=complete,
     )

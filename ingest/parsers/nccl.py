@@ -201,6 +201,25 @@ _INFO_WANTED: tuple[bytes, ...] = (
 )
 
 
+# What the ``NCCL`` trigger means to a pattern scanner (Hyperscan): the lines ``skip_raw`` may
+# keep, so that the INFO lines it would drop (a third of a ``NCCL_DEBUG=INFO`` log are the
+# per-collective ``NCCL_DEBUG_SUBSYS=COLL`` lines) never reach Python at all. A superset of what
+# skip_raw keeps, built from the same table: "NCCL" not followed by " INFO" (ProcessGroupNCCL,
+# NCCL WARN, "NCCL error"), and INFO lines with a channel's transport or a wanted word after the
+# tag. One pattern per word: Hyperscan splits "literal.*literal" into two literal searches,
+# where one alternation after ``.*`` runs an automaton over every INFO line (twice the time on
+# an INFO-heavy log). ``.`` stops at a newline, so each pattern stays inside one line.
+TRIGGER_SHAPES: dict[bytes, tuple[bytes, ...]] = {
+    b"NCCL": (
+        rb"NCCL(?:[^ ]|$| (?:[^I]|$)| I(?:[^N]|$)| IN(?:[^F]|$)| INF(?:[^O]|$))",
+        *(rb"NCCL INFO.*" + re.escape(word) for word in (b" via ", *_INFO_WANTED)),
+    )
+}
+
+# The wanted INFO lines that state a setting rather than an event: their exact repeats fold.
+_INFO_SETTINGS = frozenset((b"set by environment", b"Using", b"NCCL version"))
+
+
 def _int(value: str | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
@@ -209,11 +228,15 @@ class NcclParser:
     """Stateful only to print each channel transport and each setting once per process."""
 
     triggers = TRIGGERS
+    trigger_shapes = TRIGGER_SHAPES
 
     def __init__(self) -> None:
         self._channels: set[tuple[str, str, str]] = set()
         self._settings: set[tuple[str, str, str]] = set()
         self._raw_channels: set[tuple[bytes, bytes]] = set()
+        self._raw_warnings: set[tuple[bytes, bytes]] = set()
+        self._raw_settings: set[tuple[bytes, bytes, bytes]] = set()
+        self.folded = 0  # lines skipped as exact repeats (see skip_raw)
         self._inits: set[tuple[str, str, str, str]] = set()
         self._last_error: tuple[int, str] | None = None
         self._bootstrap: set[str] = set()
@@ -291,8 +314,8 @@ class NcclParser:
         per printing process, and the INFO shapes no parser reads (tuning, topology, timings)."""
         cut = raw.find(b"NCCL INFO")
         if cut < 0:
-            return False
-        if b" via " in raw:
+            return self._repeated_warning(raw)
+        if raw.find(b" via ", cut) >= 0:
             path = raw[raw.rfind(b" via ") + 5 :].split(b"/", 2)
             # One line per transport per host (or rank prefix) says all a diagnosis needs; the
             # pid:tid part differs per communicator and thread and would let thousands through.
@@ -305,10 +328,40 @@ class NcclParser:
             if len(self._raw_channels) < 10_000:
                 self._raw_channels.add(key)
             return False
-        for word in _INFO_WANTED:  # noqa: SIM110 - a plain loop is the cheapest per hit line
-            if word in raw:
-                return False
+        # The message is what follows the tag (see TRIGGER_SHAPES).
+        for word in _INFO_WANTED:
+            if raw.find(word, cut) >= 0:
+                return word in _INFO_SETTINGS and self._repeated_setting(raw, cut)
         return True
+
+    def _repeated_setting(self, raw: bytes, cut: int) -> bool:
+        """A settings line ("Using network IB", "NCCL_IB_HCA set by environment to …") that this
+        process's device already printed word for word: every communicator a job creates prints
+        them again, and the first says it all."""
+        head = raw[:cut]
+        key = (head.split(b":", 1)[0], head.rsplit(b"[", 1)[-1], raw[cut + 9 :].strip())
+        if key in self._raw_settings:
+            self.folded += 1
+            return True
+        if len(self._raw_settings) < 10_000:
+            self._raw_settings.add(key)
+        return False
+
+    def _repeated_warning(self, raw: bytes) -> bool:
+        """A WARN line whose message this host (or rank prefix) already printed word for word: an
+        IB port flapping makes NCCL's async thread print the same event thousands of times. The
+        first of each is parsed; the repeats add no fact a rule reads (rules ask whether and where
+        an error was seen, never how often), so they are counted, not parsed."""
+        cut = raw.find(b"NCCL WARN")
+        if cut < 0:
+            return False
+        key = (raw[:cut].split(b":", 1)[0], raw[cut + 9 :].strip())
+        if key in self._raw_warnings:
+            self.folded += 1
+            return True
+        if len(self._raw_warnings) < 10_000:
+            self._raw_warnings.add(key)
+        return False
 
     # -- NCCL's own lines -------------------------------------------------------------------
 

@@ -298,6 +298,39 @@ def test_channel_lines_are_reported_once_per_transport_and_process():
     assert [e.transport for e in events(log, "nccl_channel")] == ["P2P", "NET/Socket"]
 
 
+def test_a_warning_repeated_word_for_word_on_one_host_is_read_once_and_counted():
+    # A RoCE link flapping: NCCL's async thread warns on every event, thousands of times.
+    flap = "gpu-a:1234:{tid} [{dev}] NCCL WARN NET/IB : mlx5_1:1 Got async event : {what}\n"
+    change = "GID table change"
+    log = "".join(flap.format(tid=5000 + i, dev=i % 8, what=change) for i in range(500))
+    log += flap.format(tid=1, dev=0, what=change).replace("gpu-a", "gpu-b")
+    log += flap.format(tid=2, dev=0, what=change).replace("mlx5_1", "mlx5_3")
+    parsed = parse_log(log.encode())
+    seen = [(e.text.split(":", 1)[0], e.text.split(" : ")[1][:6]) for e in parsed.events]
+    assert seen == [("gpu-a", "mlx5_1"), ("gpu-b", "mlx5_1"), ("gpu-a", "mlx5_3")]
+    assert {e.kind for e in parsed.events} == {"known_signature"}
+    assert parsed.folded_lines == 499
+    assert "499 exact repeats" in parsed.issues[0].message
+    assert parsed.lines == 502
+
+
+def test_a_setting_printed_by_every_communicator_is_read_once_per_process_device():
+    using = "gpu-a:1234:{tid} [{dev}] NCCL INFO Using network {net}\n"
+    log = "".join(using.format(tid=i, dev=i % 2, net="IB") for i in range(40))
+    log += using.format(tid=99, dev=0, net="Socket")  # a later communicator fell back
+    found = [(e.local_rank, e.network) for e in events(log, "nccl_network")]
+    assert found == [(0, "IB"), (1, "IB"), (0, "Socket")]
+
+
+def test_errors_and_inits_are_never_folded_as_settings():
+    init = (
+        "gpu-a:1234:5678 [0] NCCL INFO comm 0x5612 rank {r} nranks 2 cudaDev 0 busId 1000 - "
+        "Init COMPLETE\n"
+    )
+    log = init.format(r=0) + init.format(r=0).replace("0x5612", "0x7734")
+    assert len(events(log, "nccl_init")) == 2
+
+
 def test_uninteresting_info_lines_produce_nothing():
     log = (
         "gpu-a:1234:5678 [0] NCCL INFO Connected all rings\n"

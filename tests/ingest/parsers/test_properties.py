@@ -3,6 +3,7 @@
 import gzip
 import io
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -112,3 +113,59 @@ def test_looks_binary_counts_control_bytes_as_the_rule_says(sample):
     control = sum(1 for b in sample if b < 9 or 13 < b < 32)
     expected = bool(sample) and (0 in sample or control / len(sample) > 0.05)
     assert looks_binary(sample) == expected
+
+
+# Pieces of the lines the NCCL trigger meets, good and bad: INFO lines skip drops, INFO lines it
+# keeps, the near-misses of " INFO" that must still count as another NCCL line.
+NCCL_PIECES = [
+    b"NCCL",
+    b"NCCL INFO",
+    b"NCCL INF",
+    b"NCCL IN",
+    b"NCCL I",
+    b"NCCL ",
+    b" INFO",
+    b"NCCL WARN ",
+    b"ProcessGroupNCCL.cpp:1",
+    b"AllReduce: opCount 3 sendbuff 0x7f count 1 datatype 7 [nranks=8]",
+    b"Channel 00/0 : 0[0] -> 1[1]",
+    b" via ",
+    b"P2P/IPC",
+    b"NET/IB/0",
+    b"Using network IB",
+    b"Init COMPLETE",
+    b"NCCL version 2.21.5",
+    b"rror",
+    b"failed",
+    b"h:1:2 [0] ",
+    b"\r",
+    b"\n",
+    b" ",
+]
+nccl_bytes = st.lists(st.sampled_from(NCCL_PIECES), max_size=40).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nccl_bytes, st.sampled_from([64, 1 << 20]))
+def test_trigger_shapes_drop_only_lines_that_skip_would_drop(data, chunk_size):
+    # The pattern scanner reads the NCCL trigger as the shapes skip_raw may keep; the plain
+    # scanner reads it as a literal. After skip, both must hand the parsers the same lines.
+    from ingest.parsers.lines import _HYPERSCAN
+    from ingest.parsers.nccl import TRIGGER_SHAPES, NcclParser
+
+    if _HYPERSCAN is None:
+        pytest.skip("no Hyperscan on this machine: shapes are not used")
+
+    def kept(fast: bool) -> list[tuple[int, str]]:
+        parser = NcclParser()
+        scanner = LineScanner(
+            io.BytesIO(data),
+            (b"NCCL",),
+            chunk_size=chunk_size,
+            fast=fast,
+            skip=parser.skip_raw,
+            shapes=TRIGGER_SHAPES,
+        )
+        return [(ln.number, ln.text) for ln in scanner]
+
+    assert kept(True) == kept(False)
