@@ -110,6 +110,7 @@ class Line:
     number: int  # 1-based, as an editor shows it
     text: str
     truncated: bool = False
+    followed: bool = False  # yielded because a parser asked with follow(), not for a trigger
 
 
 class UnreadableInput(ValueError):
@@ -346,10 +347,13 @@ class LineScanner:
                 i = end
         return sorted(starts)
 
-    def _line(self, chunk: bytes, pos: int, line_no: int, hi: int) -> tuple[Line, int]:
+    def _line(
+        self, chunk: bytes, pos: int, line_no: int, hi: int, followed: bool = False
+    ) -> tuple[Line, int]:
         end = chunk.find(b"\n", pos, hi)
         end = hi if end < 0 else end
-        return Line(line_no + 1, *clean(chunk[pos:end], self._max_line)), end + 1
+        text, truncated = clean(chunk[pos:end], self._max_line)
+        return Line(line_no + 1, text, truncated, followed), end + 1
 
     def __iter__(self) -> Iterator[Line]:
         base = 0  # lines before this block's run
@@ -372,7 +376,7 @@ class LineScanner:
                     line_no += chunk.count(b"\n", counted_to, pos)
                     counted_to = pos
                     self._follow -= 1
-                    line, pos = self._line(chunk, pos, line_no, hi)
+                    line, pos = self._line(chunk, pos, line_no, hi, followed=True)
                     yield line
                 if start < pos:
                     continue
@@ -389,7 +393,7 @@ class LineScanner:
                 line_no += chunk.count(b"\n", counted_to, pos)
                 counted_to = pos
                 self._follow -= 1
-                line, pos = self._line(chunk, pos, line_no, hi)
+                line, pos = self._line(chunk, pos, line_no, hi, followed=True)
                 yield line
             # Count each byte once: what the hits above have not counted yet.
             ends_line = chunk[hi - 1 : hi] == b"\n"

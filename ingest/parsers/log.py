@@ -127,6 +127,20 @@ class _Collector:
         )
 
 
+def _first_true(skips: list[Callable[[bytes], bool]]) -> Callable[[bytes], bool] | None:
+    """One predicate from several, called once per hit line: no generator per call."""
+    if len(skips) <= 1:
+        return skips[0] if skips else None
+
+    def skip(raw: bytes) -> bool:
+        for each in skips:  # noqa: SIM110 - called per hit line; any() would build a generator
+            if each(raw):
+                return True
+        return False
+
+    return skip
+
+
 def _with_source(event: Event, source: str) -> Event:
     import dataclasses
 
@@ -151,22 +165,43 @@ def parse_log(
         triggers,
         head_triggers=head,
         head_bytes=HEAD_BYTES,
-        skip=(lambda raw: any(skip(raw) for skip in skips)) if skips else None,
+        skip=_first_true(skips),
         shapes=shapes,
     )
     out = _Collector(source)
     issues: list[ParseIssue] = []
     complete = True
     last_line = 0
+    # A line holding a trigger goes to every parser; a line yielded only because parsers asked
+    # for it with follow() (a stack frame, a traceback's next line) goes to those that asked.
+    # In a storm of stack dumps those lines are most of what is read.
+    wanted = [0] * len(parsers)
+
+    def asker(i: int) -> Callable[[int], None]:
+        def follow(lines: int) -> None:
+            wanted[i] = max(wanted[i], lines)
+            scanner.follow(lines)
+
+        return follow
+
+    follows = [asker(i) for i in range(len(parsers))]
+    everyone = tuple(range(len(parsers)))
     try:
         for line in scanner:
             last_line = line.number
             if line.truncated:
                 issues.append(ParseIssue(line.number, "line longer than the limit; cut"))
             pre = split_prefix(line.text)
-            for parser in parsers:
+            if line.followed:
+                to = tuple(i for i in everyone if wanted[i])
+                for i in to:
+                    wanted[i] -= 1
+            else:
+                to = everyone
+            for i in to:
+                parser = parsers[i]
                 try:
-                    out.add(parser.feed(line, pre, scanner.follow))
+                    out.add(parser.feed(line, pre, follows[i]))
                 except Exception as exc:  # a parser bug must not lose the rest of the file
                     issues.append(ParseIssue(line.number, f"{type(parser).__name__}: {exc!r}"))
     except UnreadableInput as exc:
