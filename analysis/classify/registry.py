@@ -45,6 +45,7 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "known_network_issue": ("signature_hosts",),
     "known_host_issue": ("signature_hosts",),
     "known_layout_issue": ("job_family",),
+    "build_mismatch": ("versions",),
     "known_version_issue": ("versions",),
     "storage_stall": ("stall_mounts",),
     "preprocessing_outlasted_timeout": ("job_family",),
@@ -96,6 +97,9 @@ BASIS: dict[str, str] = {
     "known_network_issue": "ingest/parsers/known_issues.json entries (NCCL docs, issues)",
     "known_host_issue": "ingest/parsers/known_issues.json entries (NCCL troubleshooting guide)",
     "known_layout_issue": "CUDA runtime API: cudaErrorInvalidDevice (device ordinal not valid)",
+    "build_mismatch": "ingest/parsers/known_issues.json entries marked names_its_cause (CUDA "
+    "runtime API: cudaErrorNoKernelImageForDevice, cudaErrorInsufficientDriver; torch.cuda "
+    "capability check)",
     "known_version_issue": "ingest/parsers/known_issues.json bounded affected ranges",
     "storage_stall": "Linux NFS client / hung-task detector / Lustre client messages",
     "preprocessing_outlasted_timeout": "the default process-group timeout (torch.distributed "

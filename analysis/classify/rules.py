@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25.8"
+RULESET_VERSION = "2026.11.25.9"
 NAME_THRESHOLD = 0.5
 
 
@@ -690,7 +690,7 @@ def _knowledge_hits(f: Facts, culprits: set[str]):
 
 
 def _known_library_bug(f: Facts) -> Match | None:
-    hits = _knowledge_hits(f, {"software_version"})
+    hits = [h for h in _knowledge_hits(f, {"software_version"}) if not _names_its_cause(h)]
     if not hits:
         return None
     event, entry = hits[0]
@@ -705,6 +705,27 @@ def _known_library_bug(f: Facts) -> Match | None:
         summary=f"known library bug: {title}{fixed}",
         evidence=cite([e for e, _ in hits], "known_bug"),
         fix=(entry["fix"] + f" Source: {entry['source_url']}") if entry else "",
+    )
+
+
+def _names_its_cause(hit) -> bool:
+    _, entry = hit
+    return bool(entry and entry.get("names_its_cause"))
+
+
+def _build_mismatch(f: Facts) -> Match | None:
+    """An error that states the build's own requirement: the binary has no kernel for this GPU,
+    the driver is older than the runtime it was built for, NCCL needs a newer CUDA for graphs.
+    The rank that raised it crashed because of it, so it outranks the crash (as an invalid
+    device ordinal does)."""
+    hits = [h for h in _knowledge_hits(f, {"software_version"}) if _names_its_cause(h)]
+    if not hits:
+        return None
+    _, entry = hits[0]
+    return Match(
+        summary=f"the build does not fit this host: {entry['title']}",
+        evidence=cite([e for e, _ in hits], "known_issue"),
+        fix=f"{entry['fix']} Source: {entry['source_url']}",
     )
 
 
@@ -950,6 +971,18 @@ RULES: tuple[Rule, ...] = (
         0.65,
         "See the knowledge-base entry named in the summary.",
         _known_environment_issue("bad_node_hardware"),
+        marks_failure=True,
+    ),
+    Rule(
+        "build_mismatch",
+        "An error that states its build's requirement (no kernel image for this GPU, driver "
+        "older than the runtime)",
+        ("known_signature",),
+        "software_version",
+        # Outranks the crash it explains: the error names its own cause.
+        0.85,
+        "See the knowledge-base entry named in the summary.",
+        _build_mismatch,
         marks_failure=True,
     ),
     Rule(

@@ -2,7 +2,9 @@
 watchdog wait; NCCL failing to allocate its buffers), each told several ways and with near
 misses by a helper blind to the rules (blind_stories/README.md). Scored before anything was
 changed: 9 of 10; the miss (NCCL's numbered "Cuda failure 2 'out of memory'") was a parser gap,
-fixed."""
+fixed. A third story (a build without the GPU's architecture, gpu_arch_build-*) scored 5 of 6
+before anything changed; the miss (torchrun's crash table outranking the error that explained
+the crash) became the build_mismatch rule's rank."""
 
 import json
 from pathlib import Path

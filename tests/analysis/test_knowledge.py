@@ -56,12 +56,38 @@ def test_the_base_holds_at_least_thirty_entries_with_unique_ids():
         "host:1394:1394 [0] misc/strongstream.cc:53 NCCL WARN NCCL cannot be captured in a graph "
         "if either it wasn't built with CUDA runtime >= 11.3 or if the installed CUDA driver < "
         "R465.",
+        # cudaGetErrorString(cudaErrorNoKernelImageForDevice)
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        # NCCL's kernels looked up at communicator init (enqueue.cc) without an image for the GPU
+        "gcn75:2336636:2336906 [0] enqueue.cc:58 NCCL WARN Cuda failure 'named symbol not found'",
+        # torch/cuda/__init__.py _check_capability
+        "NVIDIA H100 80GB HBM3 with CUDA capability sm_90 is not compatible with the current "
+        "PyTorch installation.",
     ],
 )
 def test_a_library_that_states_its_version_requirement_names_the_software_stack(line):
     verdict = verdict_of(line + "\n")
     assert verdict.culprit == "software_version"
-    assert "known_library_bug" in verdict.rule_ids
+    assert "build_mismatch" in verdict.rule_ids
+
+
+def test_a_build_mismatch_outranks_the_crash_it_caused_and_a_plain_crash_does_not_get_it():
+    crash = (
+        "[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+        "[rank0]: ncclUnhandledCudaError: Call to CUDA function failed.\n"
+        "[rank0]: Last error:\n"
+        "[rank0]: Cuda failure '{what}'\n"
+        "E0611 10:02:23.881000 2801300 torch/distributed/elastic/multiprocessing/api.py:869] "
+        "failed (exitcode: 1) local_rank: 0 (pid: 2801411) of binary: /usr/bin/python3\n"
+    )
+    warn = "gpu-1:2801411:2801411 [0] enqueue.cc:58 NCCL WARN Cuda failure '{what}'\n"
+    what = "named symbol not found"
+    built = verdict_of(warn.format(what=what) + crash.format(what=what))
+    assert built.culprit == "software_version", built.summary
+    other = "an illegal memory access was encountered"
+    plain = verdict_of(warn.format(what=other) + crash.format(what=other))
+    assert plain.culprit != "software_version", plain.summary
 
 
 def test_gloo_that_cannot_find_its_interface_names_the_network_setting():
