@@ -9,7 +9,7 @@ of a plain byte scan on logs that are mostly training noise.
 from __future__ import annotations
 
 import io
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
@@ -34,9 +34,35 @@ HEAD_BYTES = 2 << 20
 # and small enough that a log of nothing but matching lines cannot exhaust memory.
 MAX_EVENTS = 100_000
 # Past MAX_EVENTS the middle of the log gives way: the first quarter (start-up settings,
-# communicator init) and the newest events are kept. A failing job's end (the Xid, the
-# timeouts, the traceback) is what a diagnosis needs most; keeping the first 100,000 dropped it.
+# communicator init) and the newest half are kept, and of the middle the events that can name a
+# failure (see AMBIENT): up to a quarter, at most a fifth of that per kind, so that a storm of
+# one kind (every rank's traceback, again and again) cannot push out the others. A failing
+# job's end (the Xid, the timeouts, the traceback) is what a diagnosis needs most; keeping the
+# first 100,000 dropped it, and keeping only the newest dropped a timeout before a stack storm.
 HEAD_SHARE = 4
+RESERVE_SHARE = 4
+# What the middle of a long log can lose first: context that repeats through a healthy run
+# (stack samples, steps, bars, communicator set-up, settings, host counters). Everything else is
+# a failure, an error or a signature.
+AMBIENT = frozenset(
+    {
+        "stack_sample",
+        "trainer_step",
+        "progress_bar",
+        "phase_duration",
+        "nccl_channel",
+        "nccl_init",
+        "nccl_network",
+        "nccl_net_devices",
+        "config_value",
+        "host_stats",
+        "gpu_health",
+        "nic_health",
+        "reader_status",
+        "agent_spool",
+        "trace_summary",
+    }
+)
 
 
 class LineParser(Protocol):
@@ -91,12 +117,17 @@ class LogParse:
 class _Collector:
     source: str
     head: list[Event] = field(default_factory=list)
+    reserve: list[Event] = field(default_factory=list)
     dropped: int = 0
     first_dropped_line: int | None = None
 
     def __post_init__(self) -> None:
         self.head_cap = MAX_EVENTS // HEAD_SHARE
-        self.tail: deque[Event] = deque(maxlen=MAX_EVENTS - self.head_cap)
+        self.reserve_cap = MAX_EVENTS // RESERVE_SHARE
+        self.per_kind = max(1, self.reserve_cap // 5)
+        self.tail: deque[Event] = deque(maxlen=MAX_EVENTS - self.head_cap - self.reserve_cap)
+        self.kept: Counter[str] = Counter()
+        self.lost: Counter[str] = Counter()
 
     def add(self, new: Iterable[Event]) -> None:
         for event in new:
@@ -106,24 +137,38 @@ class _Collector:
                 self.head.append(event)
                 continue
             if len(self.tail) == self.tail.maxlen:
-                gone = self.tail[0]  # the oldest of the tail gives way to the newest
-                self.dropped += 1
-                if self.first_dropped_line is None:
-                    self.first_dropped_line = gone.line
+                self._evict(self.tail[0])  # the oldest of the tail gives way to the newest
             self.tail.append(event)
+
+    def _evict(self, gone: Event) -> None:
+        kind = gone.kind
+        if (
+            kind not in AMBIENT
+            and len(self.reserve) < self.reserve_cap
+            and self.kept[kind] < self.per_kind
+        ):
+            self.reserve.append(gone)
+            self.kept[kind] += 1
+            return
+        self.dropped += 1
+        self.lost[kind] += 1
+        if self.first_dropped_line is None:
+            self.first_dropped_line = gone.line
 
     @property
     def events(self) -> list[Event]:
-        return [*self.head, *self.tail]
+        return [*self.head, *self.reserve, *self.tail]
 
     def issue(self) -> ParseIssue | None:
         if not self.dropped:
             return None
+        lost = ", ".join(f"{n} {kind}" for kind, n in self.lost.most_common(4))
         return ParseIssue(
             self.first_dropped_line or 0,
             f"{self.dropped} events from the middle of the log were dropped (more than "
-            f"{MAX_EVENTS}): the first {self.head_cap} and the newest {self.tail.maxlen} are "
-            "kept",
+            f"{MAX_EVENTS}; {lost}): the first {self.head_cap}, failures and errors from the "
+            f"middle (up to {self.per_kind} of each kind) and the newest {self.tail.maxlen} "
+            "are kept",
         )
 
 

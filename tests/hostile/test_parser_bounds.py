@@ -61,9 +61,25 @@ def test_a_log_of_nothing_but_incident_lines_keeps_a_bounded_number_of_events(mo
         b"milliseconds before timing out.\n"
     )
     result = parse_log(gzip.compress(line * 5000, mtime=0))
-    assert len(result.events) == 300
-    assert result.dropped_events >= 4700
+    # The first quarter, a fifth of the middle's reserve for this one kind, the newest half.
+    assert len(result.events) == 75 + 15 + 150
+    assert result.dropped_events == 5000 - 240
     assert result.lines == 5000
+
+
+def test_past_the_bound_a_storm_of_one_kind_cannot_push_out_the_failures_before_it(monkeypatch):
+    monkeypatch.setattr("ingest.parsers.log.MAX_EVENTS", 300)
+    timeout = (
+        b"[rank3]:[E ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation "
+        b"timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600042 "
+        b"milliseconds before timing out.\n"
+    )
+    progress = b"[rank0]: step=%d loss=1.25 step_time=0.91 data_time=0.01\n"
+    storm = b"".join(progress % i for i in range(2000))
+    result = parse_log(storm + timeout + storm)
+    assert len(result.of_kind("watchdog_timeout")) == 1
+    assert result.dropped_events > 0
+    assert "trainer_step" in result.issues[0].message
 
 
 def test_a_wide_json_value_in_a_hw_stats_string_field_is_not_rendered_whole():
