@@ -21,6 +21,7 @@ from django.db.models import F, FloatField, Func, Q, Sum, Value
 from django.db.models.functions import Power
 from django.utils import timezone
 
+from analysis.attempts import attempt_config_events
 from analysis.classify.recurrence import (
     FLAG_SCORE,
     HALF_LIFE_DAYS,
@@ -102,8 +103,6 @@ def _entities(pairs: list[tuple[str, str]]) -> dict[tuple[str, str], Entity]:
 
 def _canonical_config(attempt: Attempt) -> dict[str, str]:
     """The attempt's reported settings under canonical keys (same names as the log parser's)."""
-    from analysis.services import attempt_config_events
-
     out: dict[str, str] = {}
     for event in attempt_config_events(attempt):
         key = getattr(event, "key", "")

@@ -10,12 +10,12 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from analysis import memory
+from analysis.attempts import attempt_config_events
 from analysis.classify import IncidentContext, Verdict, classify
 from analysis.corpus.similar import similar_cases
 from analysis.models import CulpritScore, Incident, IncidentRevision
 from fleet.models import Attempt
 from ingest.models import Event, Upload
-from ingest.parsers import parse_log
 from ingest.parsers.events import event_from_row
 from ingest.services import artifact_requests_for_incident, task_publish
 
@@ -56,17 +56,6 @@ def attempt_events(attempt: Attempt):
                 yield event
         if left <= 0:
             return
-
-
-def attempt_config_events(attempt: Attempt):
-    """What the agent or scheduler reported of the job's settings, as the parsers would read
-    them from a log (so the same canonical keys reach the rules)."""
-    lines = [f"{key}={value}" for key, value in sorted(attempt.config.items())]
-    lines += [f"{key} version: {value}" for key, value in sorted(attempt.versions.items())]
-    if not lines:
-        return ()
-    text = "\n".join(lines) + "\n"
-    return parse_log(text.encode(), source="attempt report").events
 
 
 def attempt_context(attempt: Attempt) -> IncidentContext:
@@ -244,14 +233,12 @@ def fleet_correlate_soon() -> None:
     however many incidents arrive (the beat schedule also runs it periodically)."""
     from django.core.cache import cache
 
-    from analysis.tasks import fleet_correlate
-
     delay = settings.FLEETWATCH_CORRELATE_SECONDS
     if delay and cache.add("fleetwatch:correlate-pending", 1, timeout=delay):
         # Through task_publish like every publish: a broker that is down costs a log line, not
         # the classification that committed (beat recomputes anyway); in the embedded default
         # it runs on the settle timer, not inside the request that opened the incident.
-        task_publish(fleet_correlate, countdown=delay)
+        task_publish("analysis.tasks.fleet_correlate", countdown=delay)
 
 
 def vars_(item) -> dict:

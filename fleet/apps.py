@@ -7,4 +7,8 @@ class FleetConfig(AppConfig):
 
     def ready(self) -> None:
         # Make the configured Celery app current before any task is sent from the web tier.
-        from fleet import celery  # noqa: F401
+        # Registers the app's Celery tasks, which services publish by name (task_publish).
+        from fleet import (
+            celery,  # noqa: F401
+            tasks,  # noqa: F401
+        )

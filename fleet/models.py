@@ -117,6 +117,10 @@ def notification_secret() -> str:
     return secrets.token_hex(32)
 
 
+# What a notification can be about (fleet.notify sends them); a destination may take a subset.
+EVENTS = ("host_drain", "culprit_flagged", "regression", "ingest_failing", "test")
+
+
 class NotificationDestination(models.Model):
     """Where notifications go: a webhook (plain JSON or a chat-compatible ``{"text"}``) or an
     Alertmanager (``POST /api/v2/alerts``). Operators add them in the admin."""
@@ -129,7 +133,7 @@ class NotificationDestination(models.Model):
     name = models.CharField(max_length=100, unique=True)
     url = models.URLField(max_length=2000)
     format = models.CharField(max_length=16, choices=Format.choices, default=Format.JSON)
-    # Event names this destination takes (``fleet.notify.EVENTS``); empty takes every event.
+    # Event names this destination takes (``EVENTS`` above); empty takes every event.
     events = models.JSONField(default=list, blank=True)
     # HMAC-SHA256 key of the X-Fleetwatch-Signature header. Required for JSON and chat; an
     # Alertmanager (which reads no signature) may go without.
@@ -159,8 +163,6 @@ class NotificationDestination(models.Model):
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
-
-        from fleet.notify import EVENTS
 
         errors = {}
         if not isinstance(self.events, list) or any(e not in EVENTS for e in self.events):

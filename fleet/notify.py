@@ -30,11 +30,10 @@ from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from fleet.models import NotificationDelivery, NotificationDestination
+from fleet.models import EVENTS, NotificationDelivery, NotificationDestination
 
 log = logging.getLogger(__name__)
 
-EVENTS = ("host_drain", "culprit_flagged", "regression", "ingest_failing", "test")
 CRITICAL = frozenset({"host_drain", "regression"})
 SIGNATURE_HEADER = "X-Fleetwatch-Signature"
 TITLE_MAX = 500
@@ -71,7 +70,6 @@ def notify(
     """Record the event for every enabled destination that takes it (or for ``destinations``)
     and send each new delivery after commit. Returns the deliveries created now: a key seen
     before creates, and sends, nothing."""
-    from fleet.tasks import notification_deliver
     from ingest.services import task_publish
 
     if event not in EVENTS:
@@ -90,7 +88,9 @@ def notify(
             destination=destination, key=key, defaults=fields
         )
         if new:
-            transaction.on_commit(partial(task_publish, notification_deliver, delivery.pk))
+            transaction.on_commit(
+                partial(task_publish, "fleet.tasks.notification_deliver", delivery.pk)
+            )
             created.append(delivery)
     return created
 

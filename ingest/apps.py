@@ -6,4 +6,8 @@ class IngestConfig(AppConfig):
     verbose_name = "Ingest"
 
     def ready(self) -> None:
-        from ingest import schema  # noqa: F401  (registers the OpenAPI auth extension)
+        # Registers the app's Celery tasks, which services publish by name (task_publish).
+        from ingest import (
+            schema,  # noqa: F401  (registers the OpenAPI auth extension)
+            tasks,  # noqa: F401
+        )

@@ -180,10 +180,8 @@ def upload_receive(
                     attempt=attempt, rank=rank, defaults={"host": host}
                 )
             artifact_requests_fulfil(upload)
-            from ingest.tasks import upload_parse
-
             # After commit, and never failing the request: the row is the record (outbox).
-            transaction.on_commit(partial(task_publish, upload_parse, upload.pk))
+            transaction.on_commit(partial(task_publish, "ingest.tasks.upload_parse", upload.pk))
     except IntegrityError:
         # The same bytes arrived concurrently on another connection: that one won.
         existing = Upload.objects.filter(**same, rank=rank).first()
@@ -194,7 +192,9 @@ def upload_receive(
 
 
 def task_publish(task, *args, **options) -> bool:
-    """Send a task to the broker; when the broker is down, log it and return False.
+    """Send a task (or the task registered under a name: a service publishes by name, so that
+    it never imports the tasks that import it) to the broker; when the broker is down, log it
+    and return False.
 
     Called after a commit, so the row is already the record: the request (or the task) that
     committed it must not fail now, and ``uploads_sweep`` re-enqueues what never got a message.
@@ -204,6 +204,10 @@ def task_publish(task, *args, **options) -> bool:
     out the retries. Eager mode (no broker) runs the task here and lets its errors through, or
     after its countdown on a timer thread (``fleet.celery.EagerCountdowns``)."""
     global _broker_down_until
+    if isinstance(task, str):
+        from celery import current_app
+
+        task = current_app.tasks[task]  # registered by each app's ready() (see apps.py)
     if task.app.conf.task_always_eager:
         countdown = options.pop("countdown", 0) or 0
         if countdown > 0:
@@ -353,13 +357,15 @@ def attempt_classify_soon(attempt_id: int) -> None:
     So a burst of 2,000 parses schedules one or two classifications, not 2,000. Each parse looks
     after its own commit, so of two that finish together the one that looks last sees the other
     done: at least one schedules."""
-    from analysis.tasks import attempt_classify
-
     pending = Upload.objects.filter(
         attempt_id=attempt_id, status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING]
     )
     if not pending.exists():
-        task_publish(attempt_classify, attempt_id, countdown=settings.FLEETWATCH_SETTLE_SECONDS)
+        task_publish(
+            "analysis.tasks.attempt_classify",
+            attempt_id,
+            countdown=settings.FLEETWATCH_SETTLE_SECONDS,
+        )
 
 
 def uploads_sweep(now=None) -> dict[str, int]:
@@ -371,9 +377,6 @@ def uploads_sweep(now=None) -> dict[str, int]:
     classified after the settle window. Each task is safe to run twice, so a message that was
     merely slow costs one no-op claim. Stops at the first failed publish: the broker is down and
     the next sweep will try again."""
-    from analysis.tasks import attempt_classify
-    from ingest.tasks import upload_parse
-
     now = now or timezone.now()
     grace = timedelta(seconds=settings.FLEETWATCH_SWEEP_GRACE_SECONDS)
     settle = timedelta(seconds=settings.FLEETWATCH_SETTLE_SECONDS)
@@ -394,7 +397,10 @@ def uploads_sweep(now=None) -> dict[str, int]:
         .values_list("pk", flat=True)[:batch]
     )
     sent = {"uploads": 0, "attempts": 0}
-    work = (("uploads", upload_parse, uploads), ("attempts", attempt_classify, attempts))
+    work = (
+        ("uploads", "ingest.tasks.upload_parse", uploads),
+        ("attempts", "analysis.tasks.attempt_classify", attempts),
+    )
     for kind, task, ids in work:
         for pk in ids:
             if not task_publish(task, pk):
