@@ -48,6 +48,7 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "build_mismatch": ("versions",),
     "known_version_issue": ("versions",),
     "storage_stall": ("stall_mounts",),
+    "disk_full": ("job_family",),
     "preprocessing_outlasted_timeout": ("job_family",),
     "first_barrier_timed_out": ("job_family",),
     "dataloader_oversubscribed": (LOADER_KEYS,),
@@ -102,6 +103,8 @@ BASIS: dict[str, str] = {
     "capability check)",
     "known_version_issue": "ingest/parsers/known_issues.json bounded affected ranges",
     "storage_stall": "Linux NFS client / hung-task detector / Lustre client messages",
+    "disk_full": "errno ENOSPC (write(2), fallocate(2)); POSIX shm and semaphores live in /dev/shm "
+    "(shm_overview(7), sem_overview(7)), whose ENOSPC is shared memory's, not storage's",
     "preprocessing_outlasted_timeout": "the default process-group timeout (torch.distributed "
     "default_pg_timeout, 30 min; HF ddp_timeout) against the progress bar's elapsed time or a "
     "phase's reported length; "

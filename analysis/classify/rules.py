@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25.9"
+RULESET_VERSION = "2026.11.25.10"
 NAME_THRESHOLD = 0.5
 
 
@@ -806,6 +806,58 @@ def _storage_stall(f: Facts) -> Match | None:
     )
 
 
+# ENOSPC (errno 28, strerror "No space left on device"; write(2), fallocate(2)): the filesystem
+# being written is full. POSIX shared memory and semaphores live in /dev/shm (shm_overview(7),
+# sem_overview(7)), and a full /dev/shm fails with the same errno: a DataLoader's worker queues
+# (multiprocessing SemLock, torch's "</torch_…>" segments) or NCCL's shm transport. Those are not
+# storage, and an exception whose frames were not seen could be either.
+_ENOSPC = re.compile(r"\[Errno 28\]|No space left on device")
+_SHARED_MEMORY = re.compile(
+    r"/dev/shm|shared[ _]?memory|shm_open|SemLock|synchronize\.py|heap\.py|</torch_|"  # noqa: S108
+    r"posix_fallocate|Bus error",
+    re.IGNORECASE,
+)
+
+
+# torch.save's zip writer (caffe2/serialize/inline_container.cc) checks every write of the
+# stream: a short write raises "PytorchStreamWriter failed writing file …: file write failed",
+# and the bytes it then finds missing "unexpected pos A vs B". The filesystem refused the
+# write: full, over quota, or failing; whichever, the storage, and the message names the file.
+_STREAM_WRITER = re.compile(
+    r"PytorchStreamWriter failed writing|inline_container\.cc:\d+\] \. unexpected pos"
+)
+
+
+def _disk_full(f: Facts) -> Match | None:
+    exceptions = f.of("python_exception")
+    full = [
+        e
+        for e in exceptions
+        if _ENOSPC.search(e.message) and e.location and not _SHARED_MEMORY.search(e.text)
+    ]
+    refused = [e for e in exceptions if _STREAM_WRITER.search(e.message)]
+    if refused and not full:
+        return Match(
+            summary="torch.save could not write a checkpoint: the filesystem refused the write "
+            "(full, over quota or failing)",
+            evidence=cite(refused[:4], "write_failed"),
+        )
+    if not full:
+        return None
+    shm = [
+        e
+        for e in f.of("python_exception") + f.of("known_signature") + f.of("nccl_error")
+        if _SHARED_MEMORY.search(e.text)
+    ]
+    if shm:
+        return None  # the errno is shared memory's here
+    first = full[0]
+    return Match(
+        summary=f"a write failed because its filesystem is full (ENOSPC at {first.location})",
+        evidence=cite(full[:4], "disk_full"),
+    )
+
+
 def _dataloader_oversubscribed(f: Facts) -> Match | None:
     workers = f.config_number("num_workers")
     factor = f.config_number("prefetch_factor")  # batches each worker keeps ready (torch)
@@ -1017,6 +1069,20 @@ RULES: tuple[Rule, ...] = (
         _storage_stall,
         # explains a failure; is none itself (an incident needs a failure)
         marks_failure=False,
+    ),
+    Rule(
+        "disk_full",
+        "A rank's write failed with ENOSPC on a filesystem other than shared memory, or "
+        "torch.save's writer could not write its file",
+        ("python_exception",),
+        "storage_io",
+        # Outranks the crash it explains: the error names its own cause.
+        0.85,
+        "Free space on the volume the failing frame wrote to, or point the writer at a larger "
+        "one (checkpoint dir, HF_HOME / HF_DATASETS_CACHE, TMPDIR); keep only the last N "
+        "checkpoints; alert on disk usage before a run starts.",
+        _disk_full,
+        marks_failure=True,
     ),
     Rule(
         "preprocessing_outlasted_timeout",

@@ -4,7 +4,9 @@ misses by a helper blind to the rules (blind_stories/README.md). Scored before a
 changed: 9 of 10; the miss (NCCL's numbered "Cuda failure 2 'out of memory'") was a parser gap,
 fixed. A third story (a build without the GPU's architecture, gpu_arch_build-*) scored 5 of 6
 before anything changed; the miss (torchrun's crash table outranking the error that explained
-the crash) became the build_mismatch rule's rank."""
+the crash) became the build_mismatch rule's rank. A fourth (a full disk, disk_full-*) scored 5 of
+6 before anything changed; the miss (torch.save's writer error, which names no errno) became part
+of the disk_full rule."""
 
 import json
 from pathlib import Path

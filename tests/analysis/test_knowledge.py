@@ -107,3 +107,15 @@ def test_a_printed_version_outside_the_affected_range_clears_the_entry():
     fixed = verdict_of(f"NCCL version 2.21.5+cuda12.4\n{line}\n")
     assert "known_library_bug" in inside.rule_ids
     assert "known_library_bug" not in fixed.rule_ids
+
+
+def test_cuda_refusing_work_until_the_system_is_ready_names_the_host():
+    # cudaGetErrorString(cudaErrorSystemNotReady), as nccl-tests prints it on an NVSwitch host
+    # whose fabric manager is stopped.
+    verdict = verdict_of(
+        "# Using devices\n"
+        "test: Test CUDA failure common.cu:941 'system not yet initialized'\n"
+        " .. test pid 54340: Test failure common.cu:891\n"
+    )
+    assert verdict.culprit == "bad_node_hardware"
+    assert "known_host_issue" in verdict.rule_ids
