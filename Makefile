@@ -35,7 +35,10 @@ test-busy: setup
 test-embedded: setup
 	env -u DATABASE_URL -u CELERY_BROKER_URL -u REDIS_URL $(BIN)/pytest $(PYTEST_ARGS)
 
+## test-services: the tests a database or broker can change, on PostgreSQL + Redis
+## (FLEETWATCH_TEST_PASS=services; the backend-independent rest runs once, in test-embedded)
 test-services: setup services
+	FLEETWATCH_TEST_PASS=services \
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) REDIS_URL=$(TEST_REDIS_URL) \
 		$(BIN)/pytest $(PYTEST_ARGS)
 

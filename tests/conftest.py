@@ -7,14 +7,41 @@ import os
 
 import pytest
 
+DB_FIXTURES = frozenset({"db", "transactional_db", "live_server"})
+
+
+def _uses_db(node, fixturenames) -> bool:
+    return bool(DB_FIXTURES & set(fixturenames)) or node.get_closest_marker("django_db") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    """The PostgreSQL + Redis pass (``make test-services`` sets FLEETWATCH_TEST_PASS=services)
+    runs only the tests its backends can change: those with the database or the ``redis``
+    marker. The rest (parsers, the core, the agent, the fault stacks that start their own
+    services, the real torch jobs) gives the same answer on any backend and runs once, in the
+    embedded pass."""
+    if os.environ.get("FLEETWATCH_TEST_PASS") != "services":
+        return
+    keep, same = [], []
+    for item in items:
+        backend = _uses_db(item, item.fixturenames) or item.get_closest_marker("redis")
+        (keep if backend else same).append(item)
+    if same:
+        config.hook.pytest_deselected(items=same)
+        items[:] = keep
+
+
+def pytest_report_header(config):
+    if os.environ.get("FLEETWATCH_TEST_PASS") == "services":
+        return "services pass: database and broker tests only (the rest ran in the embedded pass)"
+    return None
+
 
 @pytest.fixture(autouse=True)
 def _tasks_run_in_process(request):
     """Tasks run eagerly (and raise) in tests, on both passes; the Redis-worker tests opt out.
     Pure tests (no database) are left alone: they must not even import Django."""
-    uses_db = {"db", "transactional_db", "live_server"} & set(request.fixturenames) or (
-        request.node.get_closest_marker("django_db") is not None
-    )
+    uses_db = _uses_db(request.node, request.fixturenames)
     if request.node.get_closest_marker("redis") or not uses_db:
         yield
         return
