@@ -719,14 +719,7 @@ def _build_mismatch(f: Facts) -> Match | None:
     The rank that raised it crashed because of it, so it outranks the crash (as an invalid
     device ordinal does)."""
     hits = [h for h in _knowledge_hits(f, {"software_version"}) if _names_its_cause(h)]
-    if not hits:
-        return None
-    _, entry = hits[0]
-    return Match(
-        summary=f"the build does not fit this host: {entry['title']}",
-        evidence=cite([e for e, _ in hits], "known_issue"),
-        fix=f"{entry['fix']} Source: {entry['source_url']}",
-    )
+    return _knowledge_match(hits, "the build does not fit this host")
 
 
 def _known_environment_issue(culprit: str):
@@ -737,12 +730,16 @@ def _known_environment_issue(culprit: str):
 
 
 def _known_environment_match(f: Facts, culprit: str) -> Match | None:
-    hits = _knowledge_hits(f, {culprit})
+    return _knowledge_match(_knowledge_hits(f, {culprit}), "known environment fault")
+
+
+def _knowledge_match(hits, what: str) -> Match | None:
+    """The first knowledge-base hit names the match, with the entry's sourced fix."""
     if not hits:
         return None
     event, entry = hits[0]
     return Match(
-        summary=f"known environment fault: {entry['title'] if entry else event.signature}",
+        summary=f"{what}: {entry['title'] if entry else event.signature}",
         evidence=cite([e for e, _ in hits], "known_issue"),
         fix=(entry["fix"] + f" Source: {entry['source_url']}") if entry else "",
     )

@@ -340,12 +340,7 @@ class NcclParser:
         them again, and the first says it all."""
         head = raw[:cut]
         key = (head.split(b":", 1)[0], head.rsplit(b"[", 1)[-1], raw[cut + 9 :].strip())
-        if key in self._raw_settings:
-            self.folded += 1
-            return True
-        if len(self._raw_settings) < 10_000:
-            self._raw_settings.add(key)
-        return False
+        return self._fold(self._raw_settings, key)
 
     def _repeated_warning(self, raw: bytes) -> bool:
         """A WARN line whose message this host (or rank prefix) already printed word for word: an
@@ -355,12 +350,15 @@ class NcclParser:
         cut = raw.find(b"NCCL WARN")
         if cut < 0:
             return False
-        key = (raw[:cut].split(b":", 1)[0], raw[cut + 9 :].strip())
-        if key in self._raw_warnings:
+        return self._fold(self._raw_warnings, (raw[:cut].split(b":", 1)[0], raw[cut + 9 :].strip()))
+
+    def _fold(self, seen: set, key: tuple) -> bool:
+        """True (and counted) when ``key`` was seen; remembered otherwise, up to a bound."""
+        if key in seen:
             self.folded += 1
             return True
-        if len(self._raw_warnings) < 10_000:
-            self._raw_warnings.add(key)
+        if len(seen) < 10_000:
+            seen.add(key)
         return False
 
     # -- NCCL's own lines -------------------------------------------------------------------
