@@ -745,8 +745,14 @@ def _laggard_waits_on_data(f: Facts) -> Match | None:
 
 def _laggard_left_path(f: Facts) -> Match | None:
     """The rank the others wait for never joined the collective, raised nothing, was not killed,
-    and its own steps were steady up to then (no growth in step or data time): it did not slow
-    down, it went somewhere else in its code (a rank-dependent branch, a sleep, an extra step)."""
+    and nothing of its own slowed it: it went somewhere else in its code (a rank-dependent
+    branch, a sleep, an extra step).
+
+    What could have slowed it is read from its own time, not from step growth: in synchronous
+    training every rank's step time includes its waits, so growth is the whole job's (a loaded
+    host slows every rank alike) and says nothing of one rank. Its own time is its wait for data
+    (the data-bound share) and, for rank 0, the logging rank, its writes (logging_rank_slows
+    reads growth there: that rank has a mechanism of its own)."""
     finding = _first_finding(f, "missing", "not_started", "late")
     if finding is None or not _no_other_explanation(f):
         return None
@@ -755,9 +761,8 @@ def _laggard_left_path(f: Facts) -> Match | None:
         steps = series.get(rank, [])
         if len(steps) < MIN_STEPS:
             continue
-        if (
-            _recent_growth([e.step_s for e in steps]) >= GROWTH
-            or _data_share(steps) >= DATA_BOUND_SHARE
+        if _data_share(steps) >= DATA_BOUND_SHARE or (
+            rank == 0 and _recent_growth([e.step_s for e in steps]) >= GROWTH
         ):
             continue
         return Match(

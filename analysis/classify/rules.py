@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25.10"
+RULESET_VERSION = "2026.11.25.11"
 NAME_THRESHOLD = 0.5
 
 

@@ -9,6 +9,7 @@ import pytest
 from analysis.classify import classify
 from analysis.classify.crossrank import fr_analyze, last_to_start
 from fleet.cli import diagnose
+from ingest.parsers import parse_log
 from ingest.parsers.events import GpuXid
 from ingest.parsers.flight_recorder import FrCollective, FrFrontier
 from ingest.parsers.trace import TraceSummary
@@ -260,3 +261,36 @@ def test_a_rank_that_entered_a_whole_timeout_after_its_peers_is_the_one_they_wai
     # Within the timeout it is no finding; without the timeout, nothing can be said.
     assert not fr_analyze(events, limit_s=7.0).findings
     assert not fr_analyze(events).findings
+
+
+def _steps(rank: int, times: list[float]):
+    """Trainer step lines as a hand-written loop prints them (step_time/data_time)."""
+    text = "".join(
+        f"[rank{rank}]: step={i} loss=1.25 step_time={t:.3f} data_time=0.002\n"
+        for i, t in enumerate(times)
+    )
+    return list(parse_log(text.encode()).events)
+
+
+def _never_joined_with(times_by_rank: dict[int, list[float]], laggard: int):
+    events = [_frontier(r, 307 if r != laggard else 306) for r in range(4)]
+    events += [_entry(r, 307) for r in range(4) if r != laggard]
+    for rank, times in times_by_rank.items():
+        events += _steps(rank, times)
+    return classify(events)
+
+
+def test_a_loaded_host_slowing_every_rank_alike_does_not_hide_a_rank_that_left_the_path():
+    # Every rank's step time includes its waits: a busy machine grows them all together, which
+    # says nothing of the rank that never joined.
+    grown = [0.03] * 20 + [0.06] * 10
+    verdict = _never_joined_with({r: grown for r in range(4)}, laggard=2)
+    assert verdict.culprit == "rank_desync_code", verdict.summary
+    assert verdict.suspects[0].id == "2"
+
+
+def test_rank_0_whose_steps_grew_is_left_to_the_logging_rank_reading():
+    grown = [0.03] * 20 + [0.09] * 10
+    verdict = _never_joined_with({r: grown for r in range(4)}, laggard=0)
+    assert "laggard_left_path" not in verdict.rule_ids
+    assert verdict.culprit == "storage_io", verdict.summary
