@@ -612,6 +612,12 @@ def _notify(event: str, key: str, title: str, payload: dict, url: str = "") -> N
         log.exception("notification %s (%s) not sent", event, key)
 
 
+def _culprit_url(score: CulpritScore) -> str:
+    from fleet.notify import ui_url
+
+    return ui_url("culprit-detail", score.pk)
+
+
 def _culprit_payload(score: CulpritScore) -> dict:
     return {
         "culprit_id": score.pk,
@@ -639,7 +645,7 @@ def culprits_notify_flagged(entity_ids: Iterable[int]) -> None:
             f"{score.entity.kind} {score.entity.key} flagged as {score.culprit}: "
             f"{score.explanation}"[:300],
             _culprit_payload(score),
-            url=f"/culprits/{score.pk}/",
+            url=_culprit_url(score),
         )
 
 
@@ -691,7 +697,7 @@ def culprits_regress(now: datetime) -> list[CulpritScore]:
             f"regression:{score.pk}:{since.isoformat()}",
             f"Regression: {score.entity.kind} {score.entity.key} ({score.culprit}) is back: {why}",
             _culprit_payload(row),
-            url=f"/culprits/{score.pk}/",
+            url=_culprit_url(score),
         )
     return reopened
 

@@ -9,87 +9,32 @@ is shown as text. Same setup as test_walkthrough.py: Debian's chromium driven by
 
 from __future__ import annotations
 
-import gzip
 import io
-import os
 import re
-from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-SHOTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "screenshots"
-HOSTILE = "E1121 [rank1]: <script>window.pwned=1</script> <b>bold</b> & <i>x</i>"
+from tests.fleet.browser.support import HOSTILE, demo_fleet_with, shot
+from tests.fleet.browser.support import login as sign_in
+
 MAX_CLICKS = 3
 HOST_KINDS = ("host", "gpu", "nic")  # culprits whose page offers "Drain <host>"
 
 try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - CI installs it
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip)"),
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing (apt-get install chromium)"
-    ),
-]
+    from playwright.sync_api import expect
+except ImportError:  # pragma: no cover - CI installs it; conftest skips these tests
+    expect = None
 
 
 @pytest.fixture
 def fleet(transactional_db):
     """Two demo days (flagged culprits), an operator, a reader, and a log line that looks like
     HTML uploaded through the real API. Returns that upload's id."""
-    from django.contrib.auth.models import User
-    from django.core.files.uploadedfile import SimpleUploadedFile
-    from django.core.management import call_command
-    from django.test import Client
-
     from analysis.models import CulpritScore
-    from ingest.models import AgentKey
 
-    call_command("demo_fleet", hosts=16, days=2, user="op", stdout=io.StringIO())
+    upload_id = demo_fleet_with(days=2, reader="reader")
     assert CulpritScore.objects.filter(flagged=True).exists(), "the demo flagged no culprit"
-    op = User.objects.get(username="op")
-    op.set_password("op-password")
-    op.save()
-    User.objects.create_user("reader", password="reader-password")
-    _, key = AgentKey.objects.create_key(name="browser test", scopes=["upload"])
-    body = f"step 1 loss 2.0\n{HOSTILE}\nstep 2 loss 1.9\n".encode()
-    response = Client().post(
-        "/api/v1/uploads",
-        {
-            "file": SimpleUploadedFile("hostile.log.gz", gzip.compress(body)),
-            "host": "gpu-hostile",
-            "job": "hostile-job",
-            "rank": 1,
-        },
-        HTTP_AUTHORIZATION=f"Bearer {key}",
-    )
-    assert response.status_code == 202, response.content
-    return response.json()["id"]
-
-
-@pytest.fixture
-def page(fleet, live_server):
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright runs a loop here
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        context = browser.new_context(
-            base_url=live_server.url, viewport={"width": 1300, "height": 900}
-        )
-        tab = context.new_page()
-        tab.set_default_timeout(10_000)
-        errors: list[str] = []
-        tab.on("pageerror", lambda error: errors.append(str(error)))
-        yield tab
-        browser.close()
-        assert not errors, errors
+    return upload_id
 
 
 class Clicks:
@@ -111,15 +56,8 @@ class Clicks:
 
 
 def login(page, username, password):
-    page.goto("/accounts/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit], input[type=submit]")
+    sign_in(page, username, password)
     expect(page.locator("header form.logout span")).to_have_text(username)
-
-
-def shot(page, name):
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def row_of(rows, pk):

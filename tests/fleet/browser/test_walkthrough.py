@@ -7,96 +7,22 @@ test-artifacts/screenshots/.
 
 from __future__ import annotations
 
-import io
-import os
 import re
-from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-SHOTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "screenshots"
-HOSTILE = "E1121 [rank1]: <script>window.pwned=1</script> <b>bold</b> & <i>x</i>"
+from tests.fleet.browser.support import HOSTILE, demo_fleet_with, login, shot
 
 try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - CI installs it
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip)"),
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing (apt-get install chromium)"
-    ),
-]
+    from playwright.sync_api import expect
+except ImportError:  # pragma: no cover - CI installs it; conftest skips these tests
+    expect = None
 
 
 @pytest.fixture
-def demo_fleet(transactional_db):
-    """The demo fleet through the real upload API, an operator login, and a log line that
-    looks like HTML."""
-    import gzip
-
-    from django.contrib.auth.models import User
-    from django.core.files.uploadedfile import SimpleUploadedFile
-    from django.core.management import call_command
-    from django.test import Client
-
-    from ingest.models import AgentKey
-
-    call_command("demo_fleet", hosts=16, days=1, user="op", stdout=io.StringIO())
-    user = User.objects.get(username="op")
-    user.set_password("op-password")
-    user.save()
-    User.objects.create_user("viewer", password="viewer-password")
-    _, key = AgentKey.objects.create_key(name="browser test", scopes=["upload"])
-    body = "\n".join(["step 1 loss 2.0", HOSTILE, "step 2 loss 1.9"]) + "\n"
-    response = Client().post(
-        "/api/v1/uploads",
-        {
-            "file": SimpleUploadedFile("hostile.log.gz", gzip.compress(body.encode())),
-            "host": "gpu-hostile",
-            "job": "hostile-job",
-            "rank": 1,
-        },
-        HTTP_AUTHORIZATION=f"Bearer {key}",
-    )
-    assert response.status_code == 202, response.content
-    return response.json()["id"]
-
-
-@pytest.fixture
-def page(demo_fleet, live_server):
-    # Playwright's sync API runs an event loop in this thread; the ORM work is done above.
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        context = browser.new_context(
-            base_url=live_server.url, viewport={"width": 1300, "height": 900}
-        )
-        tab = context.new_page()
-        tab.set_default_timeout(10_000)
-        errors: list[str] = []
-        tab.on("pageerror", lambda error: errors.append(str(error)))
-        yield tab
-        browser.close()
-        assert not errors, errors
-
-
-def login(page, username, password):
-    page.goto("/accounts/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit], input[type=submit]")
-
-
-def shot(page, name):
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+def fleet(transactional_db):
+    """One demo day, an operator, a viewer, and a log line that looks like HTML."""
+    return demo_fleet_with(days=1, reader="viewer")
 
 
 def test_an_operator_walks_every_page(page):
@@ -162,9 +88,9 @@ def test_an_operator_walks_every_page(page):
     shot(page, "12-job")
 
 
-def test_html_in_a_log_line_is_shown_as_text(page, demo_fleet):
+def test_html_in_a_log_line_is_shown_as_text(page, fleet):
     login(page, "viewer", "viewer-password")
-    page.goto(f"/artifacts/{demo_fleet}/?line=2")
+    page.goto(f"/artifacts/{fleet}/?line=2")
     target = page.locator("#L2")
     expect(target).to_contain_text(HOSTILE)
     assert target.locator("script, b, i").count() == 0
