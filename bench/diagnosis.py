@@ -39,13 +39,17 @@ BLOCK = 1 << 20
 CHILD_TIMEOUT_S = 900
 
 
-def diagnose(path: str | Path):
-    """The pass being measured, exactly as the diagnosis entry points run it."""
+def diagnose(source: str | Path | bytes):
+    """The pass being measured, exactly as the diagnosis entry points run it, on a file or on
+    bytes already in memory (a prefix)."""
     from analysis.classify import classify
     from ingest.parsers import parse_log
 
-    with open(path, "rb") as stream:
-        parsed = parse_log(stream)
+    if isinstance(source, bytes):
+        parsed = parse_log(source)
+    else:
+        with open(source, "rb") as stream:
+            parsed = parse_log(stream)
     return parsed, classify(parsed.events)
 
 
@@ -139,19 +143,11 @@ MIX_ORDER = ("info", "quiet", "warn_storm", "traceback_storm", "training")
 TAIL_BYTES = 2 << 20
 
 
-def _diagnose_bytes(data: bytes):
-    from analysis.classify import classify
-    from ingest.parsers import parse_log
-
-    parsed = parse_log(data)
-    return parsed, classify(parsed.events)
-
-
 def _mix(
     workdir: Path, mix: str, size_bytes: int, drain_bytes: int, seed: int, repeat: int, say
-) -> tuple[list[dict], dict]:
+) -> tuple[list[dict], dict, Planted]:
     """One mix: the pass against the floor on the whole file, and against Drain3 on one prefix
-    that both read."""
+    that both read. The file is left for the caller to reuse or delete."""
     path = workdir / f"{mix}.log"
     start = time.perf_counter()
     planted = write_log(path, size_bytes, seed, mix)
@@ -173,7 +169,7 @@ def _mix(
     # tree grows, so comparing the whole file against Drain3 on a prefix would flatter neither.
     prefix = read_prefix(path, drain_bytes)
     drain_s, drain_lines, clusters = drain3_lines_per_s(prefix)
-    prefix_s, _ = _best(lambda: _diagnose_bytes(prefix), repeat)
+    prefix_s, _ = _best(lambda: diagnose(prefix), repeat)
     say(
         f"{mix}: diagnosis {diag_s:.2f}s, floor {floor_s:.3f}s; on the first "
         f"{_mib(len(prefix)):.1f} MiB Drain3 {drain_s:.1f}s ({clusters} templates), diagnosis "
@@ -242,16 +238,14 @@ def _mix(
             "diagnosis_same_prefix_seconds": prefix_s,
         },
     }
-    path.unlink()
-    return rows, details
+    return rows, details, planted
 
 
-def _memory_and_scale(workdir: Path, size_bytes: int, seed: int, say) -> tuple[list[dict], dict]:
-    """Peak memory and throughput of the INFO mix at 1/8 of the size and at the full size, each in
-    a fresh process: memory must stay flat and time linear."""
-    small_path, full_path = workdir / "info-eighth.log", workdir / "info-full.log"
-    small = write_log(small_path, size_bytes // 8, seed, "info")
-    full = write_log(full_path, size_bytes, seed, "info")
+def _memory_and_scale(workdir: Path, full: Planted, seed: int, say) -> tuple[list[dict], dict]:
+    """Peak memory and throughput of the INFO mix at its full size (the file the mix rows read)
+    and at 1/8 of it, each in a fresh process: memory must stay flat and time linear."""
+    small_path, full_path = workdir / "info-eighth.log", Path(full.path)
+    small = write_log(small_path, full.bytes // 8, seed, "info")
     rss_small = peak_rss(small_path)
     rss_full = peak_rss(full_path)
     say(
@@ -289,7 +283,6 @@ def _memory_and_scale(workdir: Path, size_bytes: int, seed: int, say) -> tuple[l
         ),
     ]
     small_path.unlink()
-    full_path.unlink()
     return rows, {"eighth": rss_small, "full": rss_full}
 
 
@@ -304,7 +297,7 @@ def _ending(workdir: Path, size_bytes: int, seed: int, say) -> tuple[list[dict],
         tail = stream.read()
     tail = tail[tail.find(b"\n") + 1 :]
     whole, whole_verdict = diagnose(path)
-    _, tail_verdict = _diagnose_bytes(tail)
+    _, tail_verdict = diagnose(tail)
     say(
         f"ending: whole file {whole_verdict.culprit} ({len(whole.events):,} events, "
         f"{whole.dropped_events:,} dropped), last {_mib(len(tail)):.1f} MiB alone "
@@ -348,12 +341,19 @@ def run(
     Each mix's file is deleted once measured, so the run needs the disk of one file at a time."""
     scenarios: list[dict] = []
     details: dict = {"seed": seed, "size_bytes": size_bytes, "mixes": {}}
+    info = None
     for mix in mixes:
-        rows, mix_details = _mix(workdir, mix, size_bytes, drain_bytes, seed, repeat, say)
+        rows, mix_details, planted = _mix(workdir, mix, size_bytes, drain_bytes, seed, repeat, say)
         scenarios += rows
         details["mixes"][mix] = mix_details
-    rows, details["memory"] = _memory_and_scale(workdir, size_bytes, seed, say)
-    scenarios += rows
+        if mix == "info":
+            info = planted  # read again in fresh processes below
+        else:
+            Path(planted.path).unlink()
+    if info is not None:
+        rows, details["memory"] = _memory_and_scale(workdir, info, seed, say)
+        scenarios += rows
+        Path(info.path).unlink()
     rows, details["ending"] = _ending(workdir, size_bytes, seed, say)
     scenarios += rows
     return {"scenarios": scenarios, "details": details}

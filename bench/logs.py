@@ -533,6 +533,15 @@ _OPS = (
 )
 
 
+def _watchdog_line(tag: str, rank: int, seq: int, op: str, numel: int, out: int, late_ms: int):
+    """ProcessGroupNCCL's watchdog line (PyTorch 2.5) for a 600 s timeout overrun by late_ms."""
+    return (
+        f"{tag}632] [Rank {rank}] Watchdog caught collective operation timeout: "
+        f"WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={out}, "
+        f"Timeout(ms)=600000) ran for {600_000 + late_ms} milliseconds before timing out."
+    )
+
+
 def _timeouts(job: _Job, planted: Planted) -> list[str]:
     """ProcessGroupNCCL as PyTorch 2.5 prints a collective timeout: on each rank that timed out,
     the watchdog line (bare ``[Rank N]`` tag) and the progress line (``[PG ID … Rank N]``)."""
@@ -547,10 +556,7 @@ def _timeouts(job: _Job, planted: Planted) -> list[str]:
         ns = job.clock.frac(9)
         tag = f"[rank{rank}]:[E{glog}.{ns} ProcessGroupNCCL.cpp:"
         lines.append(
-            f"{tag}632] [Rank {rank}] Watchdog caught collective operation timeout: "
-            f"WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={numel * gather}, "
-            f"Timeout(ms)=600000) ran for {600_000 + rng.randrange(1, 90)} milliseconds before "
-            "timing out."
+            _watchdog_line(tag, rank, seq, op, numel, numel * gather, rng.randrange(1, 90))
         )
         lines.append(
             f"{tag}2168] [PG ID 0 PG GUID 0(default_pg) Rank {rank}]  failure detected by "
@@ -697,11 +703,7 @@ def append_failure(path: str | Path, seed: int = 4187) -> Planted:
     _, glog, _ = job.clock.parts()
     for rank in range(1, WORLD):
         tag = f"[rank{rank}]:[E{glog}.{job.clock.frac(9)} ProcessGroupNCCL.cpp:"
-        lines.append(
-            f"{tag}632] [Rank {rank}] Watchdog caught collective operation timeout: "
-            f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=25165824, NumelOut=25165824, "
-            "Timeout(ms)=600000) ran for 600011 milliseconds before timing out."
-        )
+        lines.append(_watchdog_line(tag, rank, seq, "ALLREDUCE", 25_165_824, 25_165_824, 11))
         job.clock.tick(0.001)
     planted.count("watchdog_timeout", WORLD - 1)
     text = "\n".join(lines) + "\n"
