@@ -27,6 +27,9 @@ from fleet.demo import OOM_TRACEBACK, _stamp
 GPUS_PER_HOST = 8
 RACK_SIZE = 16
 RACK_MODELS = ("H100", "A100", "H100", "L40S", "H100", "A100", "H100", "H100")
+# Logical CPUs of each rack model's hosts (two sockets, SMT on): the A100 racks are the older,
+# smaller hosts, where asr-train's 8 x 16 DataLoader workers outnumber the CPUs.
+CPUS_BY_MODEL = {"H100": 224, "A100": 96, "L40S": 128}
 PG0 = "[PG ID 0 PG GUID 0(default_pg) Rank {r}]"
 
 
@@ -354,7 +357,8 @@ class Simulator:
             victim = rng.randrange(world)
             extra[victim] = [f"[rank{victim}]: {line}" for line in OOM_TRACEBACK.splitlines()]
         for i, host in enumerate(hosts):
-            lines: list[str] = []
+            # The job's prolog runs lscpu on every host.
+            lines: list[str] = [f"CPU(s):                          {CPUS_BY_MODEL[host['model']]}"]
             for local in range(GPUS_PER_HOST):
                 rank = i * GPUS_PER_HOST + local
                 lines += self._rank_lines(

@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.25.11"
+RULESET_VERSION = "2026.11.26.1"
 NAME_THRESHOLD = 0.5
 
 
@@ -610,6 +610,10 @@ def _rank_left_early(f: Facts) -> Match | None:
     silent = f.silent_ranks()
     if not silent or not f.timeouts or f.has_crash_or_hardware():
         return None
+    if loader_oversubscribed(f):
+        # Read from silence alone, "it went elsewhere" loses to a mechanism that makes any
+        # rank late: starved of CPU, a rank never reaching the collective is a slow rank.
+        return None
     series = step_series(f)
     for rank in silent:
         steps = series.get(rank, [])
@@ -855,10 +859,71 @@ def _disk_full(f: Facts) -> Match | None:
     )
 
 
-def _dataloader_oversubscribed(f: Facts) -> Match | None:
+def _processes_per_host(f: Facts) -> int:
+    """GPU processes on one host: torchrun's --nproc_per_node (or a launcher's GPUs per node)
+    when printed, else the world over the nodes, else the most ranks seen placed on one host,
+    else one (a lower bound)."""
+    nproc = f.config_number("nproc_per_node")
+    if nproc and nproc >= 1:
+        return int(nproc)
+    world, nodes = f.config_number("world_size"), f.config_number("nnodes")
+    if world and nodes and nodes >= 1 and world % nodes == 0:
+        return int(world // nodes)
+    placed: dict[str, set[int]] = defaultdict(set)
+    for rank, host in f.context.rank_hosts.items():
+        placed[host].add(rank)
+    for e in f.of("nccl_init"):
+        if e.host and e.rank is not None:
+            placed[e.host].add(e.rank)
+    return max((len(ranks) for ranks in placed.values()), default=1)
+
+
+def _host_cpus(f: Facts) -> tuple[int | None, list]:
+    """The fewest CPUs any host gave the job, and where that was read: a printed count (lscpu,
+    Slurm, PyTorch's own DataLoader warning) or the agent's host readings."""
+    readings = [(int(e.number), e) for e in f.config_events("host_cpus") if e.number]
+    readings += [(e.cpu_count, e) for e in f.of("host_stats") if e.cpu_count]
+    if not readings:
+        return None, []
+    fewest = min(n for n, _ in readings)
+    return fewest, [e for n, e in readings if n == fewest][:2]
+
+
+def loader_oversubscribed(f: Facts) -> tuple[str, list] | None:
+    """DataLoader workers outnumber the CPUs they run on: what was read, and where.
+
+    Every GPU process starts num_workers worker processes, each a busy Python process while it
+    decodes and collates. PyTorch warns when one process's workers outnumber the CPUs it may run
+    on (torch/utils/data/dataloader.py, _check_worker_number_rationality, comparing num_workers
+    with len(os.sched_getaffinity(0))); unbound processes of one host share all its CPUs, so the
+    host holds processes x workers of them. More than the CPUs, and the training processes' own
+    threads wait for a CPU: steps stretch unevenly until one rank is late past the collective
+    timeout. How deep each worker prefetches is memory, not CPU: not read here."""
     workers = f.config_number("num_workers")
-    factor = f.config_number("prefetch_factor")  # batches each worker keeps ready (torch)
-    samples = f.config_number("prefetch")  # samples each worker keeps ready (wenet, FunASR)
+    if not workers:
+        return None
+    warned = [e for e in f.config_events("process_cpus") if e.number]
+    if warned and workers > min(e.number for e in warned):
+        cpus = int(min(e.number for e in warned))
+        summary = (
+            f"each GPU process starts {workers:g} DataLoader workers and may run on {cpus} "
+            "CPUs (PyTorch's own worker-count warning)"
+        )
+        read_from = warned[:2]
+    else:
+        cpus, read_from = _host_cpus(f)
+        processes = _processes_per_host(f)
+        if not cpus or int(workers) * processes <= cpus:
+            return None
+        summary = (
+            f"{processes} GPU process{'es' if processes > 1 else ''} per host × {workers:g} "
+            f"DataLoader workers = {int(workers) * processes} worker processes for {cpus} CPUs"
+        )
+    cited = f.config_events("num_workers", "nproc_per_node", "world_size", "nnodes") + read_from
+    return summary, cited
+
+
+def _dataloader_oversubscribed(f: Facts) -> Match | None:
     killed_loader = [
         e for e in f.of("python_exception") if "DataLoader worker" in f"{e.exc_type} {e.message}"
     ]
@@ -868,25 +933,17 @@ def _dataloader_oversubscribed(f: Facts) -> Match | None:
             summary="DataLoader workers died (killed or exited) before the timeout",
             evidence=cite(killed_loader, "dataloader_worker"),
         )
-    if not workers or not f.timeouts:
+    found = loader_oversubscribed(f) if f.failed else None
+    if found is None:
         return None
-    # Queued work per GPU process, in samples or batches: far past what keeps a GPU fed, it is
-    # host memory and CPU taken from the training processes.
-    heavy = (factor is not None and workers * factor >= 64) or (
-        samples is not None and workers * samples >= 500
-    )
-    if not heavy:
-        return None
-    depth = f"prefetch_factor {factor:g}" if factor is not None else f"prefetch {samples:g}"
+    summary, cited = found
     return Match(
-        confidence=0.6,
-        summary=(
-            f"each GPU process runs {workers:g} DataLoader workers with {depth}: loading "
-            "oversubscribes host CPU and memory and starves the training processes"
-        ),
-        evidence=cite(
-            f.config_events("num_workers", "prefetch_factor", "prefetch"), "dataloader_config"
-        ),
+        # A setting every process of the job shares slows them all: it is weaker than evidence
+        # about the one rank the others waited for (a laggard's own writes, 0.6), and yields
+        # to it.
+        confidence=0.55,
+        summary=summary + ": loading oversubscribes the CPUs and starves the training processes",
+        evidence=cite(cited, "dataloader_config"),
     )
 
 
@@ -1106,12 +1163,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "dataloader_oversubscribed",
-        "DataLoader workers died or their settings oversubscribe host CPU and memory",
-        ("config_value", "python_exception"),
+        "DataLoader workers died, or workers × GPU processes outnumber the host's CPUs",
+        ("config_value", "python_exception", "host_stats"),
         "dataloader_cpu",
         0.6,
-        "Lower DataLoader num_workers (keep num_workers × GPUs per host ≤ CPU cores) and "
-        "prefetch_factor (e.g. num_workers 2, prefetch halved); use persistent_workers=True.",
+        "Lower DataLoader num_workers so that num_workers × GPU processes per host stays within "
+        "the host's CPUs (leave a core per training process), keep prefetch_factor small "
+        "(e.g. num_workers 2, prefetch halved), use persistent_workers=True, and move "
+        "CPU-heavy decoding offline.",
         _dataloader_oversubscribed,
     ),
     Rule(

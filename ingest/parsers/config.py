@@ -20,9 +20,14 @@ from .events import ConfigValue, Event, ProgressBar
 from .lines import Line
 from .prefix import Prefix
 
-TRIGGERS: tuple[bytes, ...] = ()
+# PyTorch's DataLoader warns when it starts more workers than the process has CPUs; it does so
+# when an epoch's iterator is created, anywhere in a log.
+TRIGGERS: tuple[bytes, ...] = (b"suggested max number of worker",)
 HEAD_TRIGGERS: tuple[bytes, ...] = (
     b"workers",
+    b"CPU(s):",
+    b"SLURM_CPUS_ON_NODE",
+    b"cpu=",
     b"prefetch",
     b"pin_memory",
     b"world_size",
@@ -33,6 +38,12 @@ HEAD_TRIGGERS: tuple[bytes, ...] = (
     b"NNODES",
     b"nproc_per_node",
     b"NPROC_PER_NODE",
+    b"num_local_procs",
+    b"num_processes",
+    b"num_machines",
+    b"cpu_count",
+    b"torchrun",
+    b"torch.distributed.",
     b"timeout",
     b"ersion",
     b"TORCH_",
@@ -73,6 +84,10 @@ _KEYS: dict[str, str] = {
     "nnodes": "nnodes",  # torchrun, DeepSpeed launcher
     "nproc_per_node": "nproc_per_node",  # torchrun
     "gpus_per_node": "nproc_per_node",  # Megatron launch scripts
+    "num_local_procs": "nproc_per_node",  # DeepSpeed launcher ("nnodes=2, num_local_procs=8")
+    "num_processes": "world_size",  # accelerate launch (all machines' processes)
+    "num_machines": "nnodes",  # accelerate launch
+    "cpu_count": "host_cpus",  # os.cpu_count() / psutil.cpu_count() as scripts print them
     "omp_num_threads": "omp_num_threads",
     "distributed_timeout_minutes": "distributed_timeout",  # Megatron (minutes)
     "ddp_timeout": "distributed_timeout",  # HF Trainer (seconds)
@@ -83,6 +98,10 @@ _KEY_NAMES = sorted(_KEYS, key=len, reverse=True)
 # (with "-" for "_" in command-line spellings), so a line holding none cannot match _SETTING.
 _KEY_HINTS = (
     "worker",
+    "procs",
+    "processes",
+    "machines",
+    "cpu_count",
     "prefetch",
     "pin",
     "size",
@@ -96,10 +115,16 @@ _KEY_HINTS = (
 _SETTING = re.compile(
     r"(?<![\w-])(?:--|\$|')?(?P<key>"
     + "|".join(k.replace("_", "[_-]") for k in _KEY_NAMES)
-    + r")['\"]?(?:\s*[=:]\s*|\s+\.{2,}\s*|\s+)['\"]?(?P<value>[\w.+\-/,:]*?)['\"]?"
+    + r")(?:\(\))?['\"]?(?:\s*[=:]\s*|\s+\.{2,}\s*|\s+)['\"]?(?P<value>[\w.+\-/,:]*?)['\"]?"
     r"(?=[,;)}\]\s'\"]|$)",
     re.IGNORECASE,
 )
+# "-j 8": DataLoader workers on the command line of PyTorch's reference training scripts
+# (pytorch/examples imagenet, torchvision's references, timm: "-j, --workers"), read only on a
+# line that launches one through torch's launchers.
+_LAUNCH = re.compile(r"torchrun|torch\.distributed\.(?:launch|run)")
+_DASH_J = re.compile(r"\s-j\s*(?P<value>\d+)\b")
+
 # Environment variables of interest, all shapes ("NCCL_DEBUG=INFO", "export NCCL_IB_HCA=mlx5",
 # "'NCCL_DEBUG': 'INFO'", "NCCL_DEBUG: INFO").
 _ENV = re.compile(
@@ -137,6 +162,22 @@ _VERSIONS = (
     ("driver_cuda_version", _DRIVER_CUDA),
     ("driver_version", re.compile(r"Driver [Vv]ersion\s*:?\s*(?P<v>\d+\.\d+[\d.]*)")),
 )
+# The CPUs a host gives the job, as jobs print them:
+# - PyTorch's DataLoader (torch/utils/data/dataloader.py, _check_worker_number_rationality, 1.9+):
+#   "This DataLoader will create 12 worker processes in total. Our suggested max number of worker
+#   in current system is 8, which is smaller …": len(os.sched_getaffinity(0)), the CPUs the
+#   process may run on, or os.cpu_count() when "(`cpuset` is not taken into account)";
+# - lscpu and torch.utils.collect_env (which prints lscpu): "CPU(s):  96", logical CPUs;
+# - Slurm: SLURM_CPUS_ON_NODE (the CPUs allocated on this node, sbatch(1) output environment),
+#   and a job's TRES as sacct/scontrol print it ("cpu=48,mem=720G,node=4": 12 per node).
+_LOADER_WARNING = re.compile(
+    r"DataLoader will create (?P<workers>\d+) worker processes in total\. Our suggested max "
+    r"number of worker in current system is (?P<cpus>\d+)"
+)
+_LSCPU = re.compile(r"^\s*CPU\(s\):\s*(?P<cpus>\d+)\s*$")
+_SLURM_CPUS = re.compile(r"\bSLURM_CPUS_ON_NODE\s*[=:]\s*['\"]?(?P<cpus>\d+)")
+_TRES = re.compile(r"\bcpu=(?P<cpus>\d+)(?:,[\w/:.-]+=[\w.]+)*?,node=(?P<nodes>\d+)\b")
+
 # tqdm: "Running tokenizer on dataset:   9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57
 # examples/s]" (tqdm 4.x, all versions); redraws are separated by CR, which lines.clean turns
 # into spaces, so the last match on a line is the bar's latest state.
@@ -152,6 +193,7 @@ _WORDS: tuple[str, ...] = tuple(
         {k for k in _KEYS}
         | {k.replace("_", "-") for k in _KEYS}
         | {"%|", "nccl_", "torch", "cuda_", "timeout", "ersion", "cuda used"}
+        | {"suggested max number of worker", "cpu(s):", "slurm_cpus_on_node", "cpu="}
     )
 )
 
@@ -243,6 +285,10 @@ class ConfigParser:
             if key == "distributed_timeout" and number is not None:
                 number *= 60 if "minute" in raw.lower() else 1
             out.extend(self._emit(ctx, key, value, raw, number))
+        if " -j" in text and _LAUNCH.search(text):
+            m = _DASH_J.search(text)
+            if m:
+                out.extend(self._emit(ctx, "num_workers", m.group("value"), "-j"))
         if "timeout" in text:
             m = _TIMEDELTA.search(text)
             if m:
@@ -252,6 +298,8 @@ class ConfigParser:
                 else:
                     seconds, value = float(_elapsed(m.group("hms"))), m.group("hms")
                 out.extend(self._emit(ctx, "distributed_timeout", value, "timeout", seconds))
+        if "CPU" in text or "cpu=" in text or "worker in current" in text:
+            out.extend(self._cpus(ctx, text))
         if "ersion" in text or "torch==" in text or "CUDA used" in text:
             driver_line = "Driver" in text and _DRIVER_CUDA.search(text)
             for key, pattern in _VERSIONS:
@@ -263,6 +311,21 @@ class ConfigParser:
                     if value:
                         out.extend(self._emit(ctx, key, value, key))
         return out
+
+    def _cpus(self, ctx: dict, text: str) -> list[Event]:
+        m = _LOADER_WARNING.search(text)
+        if m:
+            return self._emit(
+                ctx, "num_workers", m.group("workers"), "DataLoader will create"
+            ) + self._emit(ctx, "process_cpus", m.group("cpus"), "suggested max number of worker")
+        m = _LSCPU.match(text) or _SLURM_CPUS.search(text)
+        if m:
+            return self._emit(ctx, "host_cpus", m.group("cpus"), "CPU(s)")
+        m = _TRES.search(text)
+        if m and int(m.group("nodes")) > 0:
+            per_node = int(m.group("cpus")) // int(m.group("nodes"))
+            return self._emit(ctx, "host_cpus", str(per_node), f"cpu=…,node={m.group('nodes')}")
+        return []
 
     def _emit(
         self, ctx: dict, key: str, value: str, raw: str, number: float | None = None

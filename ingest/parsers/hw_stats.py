@@ -80,6 +80,7 @@ class HostStats(Event):
     kind: ClassVar[str] = "host_stats"
     host: str = ""
     cpu_percent: float | None = None
+    cpu_count: int | None = None  # logical CPUs (psutil.cpu_count())
     iowait_percent: float | None = None
     load1_per_core: float | None = None
     mem_percent: float | None = None
@@ -227,6 +228,7 @@ def _host(r: dict, host: str, at) -> tuple[dict, str]:
     event = dict(
         host=host,
         cpu_percent=_num(r.get("cpu_percent")),
+        cpu_count=_num(r.get("cpu_count"), int),
         iowait_percent=_num(r.get("iowait_percent")),
         load1_per_core=_num(r.get("load1_per_core")),
         mem_percent=_num(r.get("mem_percent")),

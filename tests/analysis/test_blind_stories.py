@@ -6,7 +6,9 @@ fixed. A third story (a build without the GPU's architecture, gpu_arch_build-*) 
 before anything changed; the miss (torchrun's crash table outranking the error that explained
 the crash) became the build_mismatch rule's rank. A fourth (a full disk, disk_full-*) scored 5 of
 6 before anything changed; the miss (torch.save's writer error, which names no errno) became part
-of the disk_full rule."""
+of the disk_full rule. A fifth (DataLoader workers outnumbering the host's CPUs, loader_cores-*)
+scored 4 of 8 before anything changed; the misses were ways of printing the worker count, the
+processes per host and the CPUs that were not read, and a silent rank read as a desync."""
 
 import json
 from pathlib import Path

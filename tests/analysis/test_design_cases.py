@@ -1,6 +1,7 @@
 """The five cases of DESIGN.md, each from the artifacts such a job leaves behind: every rank's
 log as the real software prints it (PyTorch ProcessGroupNCCL, NCCL INFO, torchrun, the kernel)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -135,9 +136,10 @@ def test_case_4_pipeline_degree_8_on_pcie_gpus_is_parallelism_config(tmp_path):
     assert "pipeline degree" in verdict.fix
 
 
-def test_case_5_dataloader_oversubscription_beats_the_socket_red_herring(tmp_path):
+def _case_5_files(cpus: int | None) -> dict[str, str]:
     # ASR training on 4 hosts x 4 V100: NCCL runs over sockets (no IB); each GPU process has
-    # num_workers=4 with prefetch 250; ALLREDUCE times out after 30 minutes.
+    # num_workers=4 with prefetch 250; ALLREDUCE times out after 30 minutes. The job script runs
+    # lscpu first when the host's CPU count is known.
     files = {}
     for host in range(4):
         for local in range(4):
@@ -152,20 +154,35 @@ def test_case_5_dataloader_oversubscription_beats_the_socket_red_herring(tmp_pat
                 f"node{host}:{3100 + local}:{3177 + local} [{local}] NCCL INFO comm 0x55d0c3a0 "
                 f"rank {r} nranks 16 cudaDev {local} busId {local + 1}a000 - Init COMPLETE\n"
             )
+            lscpu = f"Architecture:     x86_64\nCPU(s):           {cpus}\n" if cpus else ""
             conf = (
                 "2026-11-20 10:00:01,000 INFO dataset_conf: {'batch_conf': {'batch_size': 16}, "
                 "'shuffle': True, 'sort': True, 'prefetch': 250}\n"
                 "2026-11-20 10:00:01,001 INFO num_workers: 4, pin_memory: True\n"
             )
             files[f"node{host}/rank{r}.log"] = (
-                conf
+                lscpu
+                + conf
                 + nccl
                 + watchdog(r, 15734, "ALLREDUCE", 46331904, 46331904, 1800000, 15734, 15733)
             )
-    verdict = diagnose(write(tmp_path, files))
+    return files
+
+
+def test_case_5_dataloader_oversubscription_beats_the_socket_red_herring(tmp_path):
+    # 4 GPU processes x 4 workers = 16 worker processes on hosts of 12 CPUs.
+    verdict = diagnose(write(tmp_path, _case_5_files(cpus=12)))
     assert verdict.culprit == "dataloader_cpu"
     assert "num_workers" in verdict.fix
     assert "network_transport" in [a.culprit for a in verdict.alternatives]
+
+
+def test_case_5_without_the_hosts_cpus_names_no_loader(tmp_path):
+    # The same settings on hosts whose CPU count nothing shows: too many workers for what? The
+    # settings alone do not accuse the loader; with 16 CPUs or more they fit.
+    for cpus in (None, 16, 64):
+        verdict = diagnose(write(tmp_path / str(cpus), _case_5_files(cpus=cpus)))
+        assert verdict.culprit != "dataloader_cpu", verdict.summary
 
 
 @pytest.mark.parametrize("case", ["storage", "desync"])
@@ -177,3 +194,20 @@ def test_case_verdicts_cite_evidence_lines_that_exist(tmp_path, case):
     for item in verdict.evidence:
         lines = Path(item.file).read_text().splitlines()
         assert item.text == lines[item.line - 1][: len(item.text)]
+
+
+def test_case_5_reads_the_hosts_cpus_from_the_agents_host_readings(tmp_path):
+    # No CPU count in the logs; each host's agent reported its CPUs (psutil.cpu_count()).
+    files = _case_5_files(cpus=None)
+    for host in range(4):
+        files[f"node{host}/hw_stats.json"] = json.dumps(
+            {
+                "hw_stats": "fleetwatch.hw_stats/1",
+                "host": f"node{host}",
+                "at": 1763632800,
+                "records": [{"type": "host", "cpu_percent": 97.0, "cpu_count": 12}],
+            }
+        )
+    verdict = diagnose(write(tmp_path, files))
+    assert verdict.culprit == "dataloader_cpu", verdict.summary
+    assert "12 CPUs" in verdict.summary

@@ -83,7 +83,44 @@ CASES = [
         "driver_cuda_version",
         "10.1",
     ),
+    # The CPUs a host gives the job, and the processes that share them.
+    ("lscpu / collect_env", "CPU(s):                          32", "host_cpus", "32"),
+    ("Slurm environment", "SLURM_CPUS_ON_NODE=16", "host_cpus", "16"),
+    (
+        "sacct AllocTRES (per node)",
+        "4421907      u2pp-16g   v100x4 billing=48,cpu=48,gres/gpu=16,mem=720G,node=4  FAILED",
+        "host_cpus",
+        "12",
+    ),
+    ("a script's print", "host resources: os.cpu_count()=64 local_world_size=8", "host_cpus", "64"),
+    (
+        "PyTorch's DataLoader warning",
+        "UserWarning: This DataLoader will create 16 worker processes in total. Our suggested max "
+        "number of worker in current system is 12, which is smaller than what this DataLoader is "
+        "going to create.",
+        "process_cpus",
+        "12",
+    ),
+    (
+        "reference scripts' -j",
+        "python -m torch.distributed.launch --nproc_per_node=8 train.py /data --model r50 -j 8",
+        "num_workers",
+        "8",
+    ),
+    ("DeepSpeed launcher", "nnodes=2, num_local_procs=8, node_rank=0", "nproc_per_node", "8"),
+    (
+        "accelerate launch",
+        "accelerate launch --multi_gpu --num_machines 4 --num_processes 16 train.py",
+        "world_size",
+        "16",
+    ),
 ]
+
+
+def test_cpu_lists_and_make_flags_are_not_cpu_counts_or_workers():
+    assert "host_cpus" not in settings("On-line CPU(s) list:             0-31")
+    assert "host_cpus" not in settings("NUMA node0 CPU(s):               0-31")
+    assert "num_workers" not in settings("make -j 8 install")
 
 
 def test_nvidia_smis_cuda_is_not_taken_for_the_runtimes():
