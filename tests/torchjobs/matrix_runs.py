@@ -1,11 +1,21 @@
-"""Run every job of the fault matrix once per test session (two at a time) and hand out where
-each left its artifacts: ``tests/torchjobs/matrix/`` holds the jobs, written blind to the rules."""
+"""Run every job of the fault matrix (two at a time) and hand out where each left its
+artifacts: ``tests/torchjobs/matrix/`` holds the jobs, written blind to the rules.
+
+The jobs run once per checkout and code: their artifacts are kept under ``var/test-cache``
+keyed by a hash of everything that runs in them (the jobs, the agent package with the torch
+integration, the torch version), so ``make test``'s second pass (PostgreSQL + Redis) reads the
+same real runs instead of running them again. Each test process gets its own copy, with the
+runs' directory rewritten in the text files that name it (logs, heartbeats): agents write their
+spools and state beside the artifacts, and the kept runs stay as the jobs left them."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,21 +23,68 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "tests" / "torchjobs" / "matrix"
+CACHE = Path(os.environ.get("FLEETWATCH_TEST_CACHE", REPO / "var" / "test-cache"))
 # run.py kills a job at its own 90 s deadline; this only guards against run.py itself hanging.
 RUN_TIMEOUT_S = 180
+# Text files whose lines may hold the runs' absolute directory (the spool's items are NDJSON).
+TEXT_SUFFIXES = (".log", ".json", ".out", ".item")
 
 
 def expected() -> dict[str, dict]:
     return json.loads((MATRIX / "expected.json").read_text())
 
 
+def fingerprint() -> str:
+    """Everything that runs inside a matrix job: the jobs and their harness, the agent package
+    (the torch integration is part of it) and torch itself."""
+    digest = hashlib.sha256(importlib.metadata.version("torch").encode())
+    sources = [*sorted(MATRIX.rglob("*.py")), MATRIX / "expected.json"]
+    sources += sorted((REPO / "agents").rglob("*.py"))
+    for path in sources:
+        digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @functools.cache
 def matrix_runs() -> dict[str, Path]:
-    """fault -> the job's directory (named neutrally: its path appears in the artifacts)."""
+    """fault -> the job's directory (named neutrally: its path appears in the artifacts), a copy
+    of the kept runs for this process alone."""
+    kept = CACHE / f"matrix-{fingerprint()}"
+    if not (kept / "runs.json").exists():
+        _keep(kept)
+    runs = json.loads((kept / "runs.json").read_text())
     root = Path(tempfile.mkdtemp(prefix="fleetwatch-matrix-"))
+    shutil.copytree(kept, root, dirs_exist_ok=True)
+    old, new = runs["ran_in"].encode(), str(root).encode()
+    for path in root.rglob("*"):
+        if path.is_file() and path.suffix in TEXT_SUFFIXES:
+            data = path.read_bytes()
+            if old in data:
+                path.write_bytes(data.replace(old, new))
+    return {fault: root / name for fault, name in runs["jobs"].items()}
+
+
+def _keep(kept: Path) -> None:
+    """Run the jobs into a directory beside ``kept`` and move it there whole, so that a run cut
+    short is never taken for a kept one. ``runs.json`` says where the jobs ran: that path is the
+    one their artifacts name, and each copy rewrites it."""
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    work = kept.with_name(f"{kept.name}.{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    jobs = _run_all(work)
+    (work / "runs.json").write_text(json.dumps({"ran_in": str(work), "jobs": jobs}))
+    try:
+        work.rename(kept)
+    except OSError:  # another process kept the same runs first
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_all(root: Path) -> dict[str, str]:
+    """Every fault's job, two at a time, under ``root``: fault -> its directory's name."""
+    root.mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     faults = list(expected())
-    out: dict[str, Path] = {}
+    out: dict[str, str] = {}
     # Two jobs at a time: eight rank processes on two cores keep healthy collectives well
     # inside the jobs' 6 s timeout (the matrix README).
     for start in range(0, len(faults), 2):
@@ -52,7 +109,7 @@ def matrix_runs() -> dict[str, Path]:
         for fault, outdir, log, proc in running:
             proc.wait(timeout=RUN_TIMEOUT_S)
             log.close()
-            out[fault] = outdir
+            out[fault] = outdir.name
     return out
 
 
