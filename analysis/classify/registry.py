@@ -60,7 +60,8 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "laggard_left_path": ("job_family",),
     "logging_rank_slows": ("suspect_hosts",),
     # Cross-rank and host-counter rules implicate nothing of their own yet: their verdicts reach
-    # fleet memory through the lagging rank's host (memory.py) when they explain nothing else.
+    # fleet memory through the lagging rank's host (analysis.memory.entities) when they explain
+    # nothing else.
     "straggler_last_to_start": (),
     "fr_missing_rank_hardware": (),
     "fr_rank_ran_more_steps": (),

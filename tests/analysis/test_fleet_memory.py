@@ -7,6 +7,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from analysis import memory
+from analysis.memory.correlate import _decayed
 from analysis.models import CulpritScore, HostRepair, Incident
 from fleet.demo import XID_79, JobScenario, rank_log
 from fleet.models import Host
@@ -260,7 +261,7 @@ def test_decay_summed_in_the_database_matches_the_python_decay():
     for _ in range(3):
         ledger.attempt([("host", "gpu-a")])
     later = ledger.now + timezone.timedelta(days=2, hours=5)
-    in_sql = Exposure.objects.aggregate(w=Sum(memory._decayed("at", later)))["w"]
+    in_sql = Exposure.objects.aggregate(w=Sum(_decayed("at", later)))["w"]
     in_python = sum(decay((later - e.at).total_seconds()) for e in Exposure.objects.all())
     # SQLite's date functions keep milliseconds: an age off by up to 1 ms moves the weight by
     # ln 2 * 0.001 / (3.5 days in seconds) = 2.3e-9 of itself.
