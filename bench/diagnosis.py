@@ -327,6 +327,45 @@ def _ending(workdir: Path, size_bytes: int, seed: int, say) -> tuple[list[dict],
     }
 
 
+def _timeout_line(rank: int, seq: int) -> str:
+    return (
+        f"[rank{rank}]:[E1126 04:10:21.000000000 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog "
+        f"caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, "
+        f"NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600040 milliseconds before timing "
+        "out.\n"
+    )
+
+
+def _timeout_storm(lines: int, repeat: int, say) -> tuple[list[dict], dict]:
+    """A log of nothing but watchdog timeouts (every rank of a 64-rank job, thousands of
+    collectives each: a wrapper that retries and reprints, or a hostile upload): every line is
+    an event every cross-rank rule reads. Time per line must not grow with their number (a
+    lookup per timeout that scanned every group's evidence made 8,000 of them take 18 s)."""
+
+    def storm(n: int) -> bytes:
+        return "".join(_timeout_line(i % 64, i // 64) for i in range(n)).encode()
+
+    small, big = storm(lines // 4), storm(lines)
+    t_small, _ = _best(lambda: diagnose(small), repeat)
+    t_big, (parsed, verdict) = _best(lambda: diagnose(big), repeat)
+    say(f"timeout storm: {lines // 4:,} lines {t_small:.2f}s, {lines:,} lines {t_big:.2f}s")
+    rows = [
+        scenario(
+            "throughput, timeout storm, 4x the lines",
+            "lines/s",
+            lines / t_big,
+            f"same pass on a quarter of the lines ({lines // 4:,})",
+            (lines // 4) / t_small,
+            ">=",
+            0.8,
+            gate=True,
+            note="every line a watchdog timeout of a 64-rank job: no per-timeout cost that "
+            f"grows with their number; {len(parsed.events):,} events, verdict {verdict.culprit}",
+        )
+    ]
+    return rows, {"lines": lines, "seconds_quarter": t_small, "seconds": t_big}
+
+
 def run(
     workdir: Path,
     size_bytes: int,
@@ -355,6 +394,10 @@ def run(
         scenarios += rows
         Path(info.path).unlink()
     rows, details["ending"] = _ending(workdir, size_bytes, seed, say)
+    scenarios += rows
+    # 64 ranks x 500 collectives at 1 GiB mixes, a quarter of that in quick runs.
+    storm_lines = 32_000 if size_bytes >= 256 << 20 else 8_000
+    rows, details["timeout_storm"] = _timeout_storm(storm_lines, repeat, say)
     scenarios += rows
     return {"scenarios": scenarios, "details": details}
 

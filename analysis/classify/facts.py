@@ -116,6 +116,9 @@ class Facts:
     context: IncidentContext
     timeouts: list[WatchdogTimeout] = field(default_factory=list)
     groups: dict[str, GroupProgress] = field(default_factory=dict)
+    # The group each timeout was counted in, by identity: a lookup per timeout, not a scan of
+    # every group's evidence (quadratic in a log with thousands of timeout lines).
+    timeout_groups: dict[int, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -186,11 +189,7 @@ class Facts:
         )
 
     def group_of(self, timeout: WatchdogTimeout) -> str:
-        for pg, group in self.groups.items():
-            progress = group.ranks.get(timeout.rank)
-            if progress is not None and timeout in progress.evidence:
-                return pg
-        return _pg_key(timeout.pg)
+        return self.timeout_groups.get(id(timeout)) or _pg_key(timeout.pg)
 
     def has_crash_or_hardware(self) -> bool:
         kinds = (
@@ -297,6 +296,7 @@ def gather(events: Iterable[Event], context: IncidentContext) -> Facts:
                 continue
             pg = event.pg if event.pg is not None else pg_of_failure.get((event.rank, event.seq))
             group = facts.groups.setdefault(_pg_key(pg), GroupProgress(_pg_key(pg)))
+            facts.timeout_groups[id(event)] = group.pg
             progress = group.rank(event.rank)
             progress.timed_out_seq = event.seq
             # Timing out at seq N means N was enqueued; completion is only known from the
