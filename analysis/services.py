@@ -79,13 +79,38 @@ def attempt_settled(attempt: Attempt, now, *, complete: bool = False) -> bool:
     return attempt.last_parsed_at is None or attempt.last_parsed_at + window <= now
 
 
+def classify_lease() -> timedelta:
+    return timedelta(seconds=settings.FLEETWATCH_CLASSIFY_LEASE_SECONDS)
+
+
+def attempt_unclassified() -> Q:
+    """Attempts whose uploads say more than their last finished classification read."""
+    return Q(classified_at__isnull=True) | Q(classified_at__lt=F("last_parsed_at"))
+
+
 def attempt_claim_for_classify(attempt_id: int, now) -> bool:
-    """Conditional update: only one worker classifies a given state of the attempt."""
+    """Conditional update: only one worker classifies a given state of the attempt. The claim is
+    a lease: one held longer than FLEETWATCH_CLASSIFY_LEASE_SECONDS belongs to a worker that
+    died mid-classify, and may be taken."""
+    free = Q(classify_claimed_at__isnull=True) | Q(classify_claimed_at__lt=now - classify_lease())
     return bool(
         Attempt.objects.filter(pk=attempt_id)
-        .filter(Q(classified_at__isnull=True) | Q(classified_at__lt=F("last_parsed_at")))
-        .update(classified_at=now)
+        .filter(attempt_unclassified() & free)
+        .update(classify_claimed_at=now)
     )
+
+
+def attempt_classify_done(attempt_id: int, claimed_at) -> None:
+    """The classification claimed at ``claimed_at`` is stored: the attempt counts as classified
+    as of then, and the claim is released. Uploads parsed while it ran are newer than what it
+    read: their own classification was refused by the claim, so one is published now."""
+    Attempt.objects.filter(pk=attempt_id).update(classified_at=claimed_at, classify_claimed_at=None)
+    if Attempt.objects.filter(pk=attempt_id, last_parsed_at__gt=claimed_at).exists():
+        task_publish(
+            "analysis.tasks.attempt_classify",
+            attempt_id,
+            countdown=settings.FLEETWATCH_SETTLE_SECONDS,
+        )
 
 
 def incident_classify(attempt: Attempt, now=None) -> Incident | None:

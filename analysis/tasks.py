@@ -28,12 +28,21 @@ def attempt_classify(self, attempt_id: int, takeover: bool = False, complete: bo
             # A later upload's own task (enqueued after it parsed) will classify the attempt.
             return
         claimed = services.attempt_claim_for_classify(attempt_id, now)
-        # A run that claimed and then died (worker killed: the message is re-delivered) or
-        # failed on the database (the retry) left the claim set: its successor takes it over.
-        # Classifying twice is safe: the incident is unique on its attempt.
+        # A run that claimed and then died (worker killed: the message is re-delivered, or the
+        # sweep re-publishes it once the claim's lease ran out) or failed on the database (the
+        # retry) left the claim set: its successor takes it over. Classifying twice is safe:
+        # the incident is unique on its attempt.
         if not (claimed or takeover or redelivered(self)):
             return
-        services.incident_classify(attempt, now)
+        try:
+            services.incident_classify(attempt, now)
+        except DATABASE_TRANSIENT:
+            raise
+        except Exception:
+            # Not the database: the same events would fail the same way again. Logged, and the
+            # attempt counts as classified (as far as it could be) so that no sweep loops on it.
+            log.exception("attempt %s: classification failed", attempt_id)
+        services.attempt_classify_done(attempt_id, now)
     except DATABASE_TRANSIENT as exc:
         raise self.retry(
             exc=exc,

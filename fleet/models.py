@@ -77,8 +77,11 @@ class Attempt(models.Model):
     versions = models.JSONField(default=dict, blank=True)
     # Set when an upload of this attempt finished parsing; classification waits for it to settle.
     last_parsed_at = models.DateTimeField(null=True, blank=True)
-    # Claimed by the classify task (conditional update) so two workers never classify at once.
+    # When the last classification that finished began (the state of the uploads it read).
     classified_at = models.DateTimeField(null=True, blank=True)
+    # A classification holding the attempt (conditional update) so two workers never classify
+    # at once; one older than FLEETWATCH_CLASSIFY_LEASE_SECONDS died with its worker.
+    classify_claimed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at"]

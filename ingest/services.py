@@ -6,15 +6,17 @@ import errno
 import hashlib
 import json
 import logging
+import threading
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 
 from django.conf import settings
 from django.core.files.base import File
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -28,8 +30,6 @@ from ingest.parsers.events import event_row, storable_text
 log = logging.getLogger(__name__)
 
 READ_BLOCK = 1 << 20
-# A parse claimed longer ago than this belongs to a worker that died: another may take it over.
-STALE_CLAIM = timedelta(minutes=15)
 # Parse runs an upload may start before it is failed: one that took its worker down this many
 # times (killed at the time limit, out of memory) is a poison message, not bad luck.
 MAX_PARSE_TRIES = 3
@@ -229,10 +229,48 @@ def task_publish(task, *args, **options) -> bool:
     return True
 
 
+def parse_lease() -> timedelta:
+    """A parse claim not renewed for this long belongs to a worker that died: another may take
+    it over (the sweep re-publishes it)."""
+    return timedelta(seconds=settings.FLEETWATCH_PARSE_LEASE_SECONDS)
+
+
+@contextmanager
+def parse_lease_renewed(upload_id: int):
+    """Renew the upload's parse claim every third of the lease while the block runs, from a
+    thread of its own: a parse of a big log runs for minutes, and the claim must outlive it only
+    as long as its worker does. SQLite (the embedded default: one process, eager tasks) has no
+    other worker to take over, and its connections are not shared across threads: no renewal."""
+    if connection.vendor == "sqlite":
+        yield
+        return
+    stop = threading.Event()
+    every = parse_lease().total_seconds() / 3
+
+    def renew() -> None:
+        try:
+            while not stop.wait(every):
+                Upload.objects.filter(pk=upload_id, status=Upload.Status.PARSING).update(
+                    parsed_at=timezone.now()
+                )
+        except Exception:  # the claim then lapses, and the work is taken over: safe
+            log.exception("upload %s: renewing the parse claim failed", upload_id)
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    renewer = threading.Thread(target=renew, name=f"parse-lease-{upload_id}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join(timeout=every)
+
+
 def _claim(upload_id: int, *, takeover: bool = False, retry: bool = False) -> bool:
     now = timezone.now()
     claimable = Q(status=Upload.Status.RECEIVED) | Q(
-        status=Upload.Status.PARSING, parsed_at__lt=now - STALE_CLAIM
+        status=Upload.Status.PARSING, parsed_at__lt=now - parse_lease()
     )
     if takeover or retry:
         # The claim's holder is gone: the broker re-delivered its message because the worker
@@ -273,6 +311,11 @@ def upload_parse(upload_id: int, *, takeover: bool = False, retry: bool = False)
     replaces, never adds to, the events."""
     if not _claim(upload_id, takeover=takeover, retry=retry):
         return
+    with parse_lease_renewed(upload_id):
+        _parse_claimed(upload_id)
+
+
+def _parse_claimed(upload_id: int) -> None:
     upload = Upload.objects.select_related("attempt").get(pk=upload_id)
     try:
         with upload.blob.open("rb") as stream:
@@ -372,19 +415,20 @@ def uploads_sweep(now=None) -> dict[str, int]:
     """Re-enqueue the work that has no live message (beat, and whenever a worker starts).
 
     Uploads still received after the grace (their publish failed while the broker was down, or
-    the broker lost the message), parse claims older than STALE_CLAIM (a worker died and its
-    message never came back), and attempts whose uploads all parsed but which were never
-    classified after the settle window. Each task is safe to run twice, so a message that was
-    merely slow costs one no-op claim. Stops at the first failed publish: the broker is down and
-    the next sweep will try again."""
+    the broker lost the message), parse claims not renewed within their lease (a worker died and
+    its message never came back), and attempts whose uploads all parsed but which were never
+    classified after the settle window, or whose classification's claim outlived its lease.
+    Each task is safe to run twice, so a message that was merely slow costs one no-op claim.
+    Stops at the first failed publish: the broker is down and the next sweep will try again."""
     now = now or timezone.now()
     grace = timedelta(seconds=settings.FLEETWATCH_SWEEP_GRACE_SECONDS)
     settle = timedelta(seconds=settings.FLEETWATCH_SETTLE_SECONDS)
+    classify_lease = timedelta(seconds=settings.FLEETWATCH_CLASSIFY_LEASE_SECONDS)
     batch = settings.FLEETWATCH_SWEEP_BATCH
     uploads = list(
         Upload.objects.filter(
             Q(status=Upload.Status.RECEIVED, received_at__lt=now - grace)
-            | Q(status=Upload.Status.PARSING, parsed_at__lt=now - STALE_CLAIM)
+            | Q(status=Upload.Status.PARSING, parsed_at__lt=now - parse_lease())
         )
         .order_by("received_at")
         .values_list("pk", flat=True)[:batch]
@@ -392,6 +436,9 @@ def uploads_sweep(now=None) -> dict[str, int]:
     attempts = list(
         Attempt.objects.filter(last_parsed_at__lt=now - settle - grace)
         .filter(Q(classified_at__isnull=True) | Q(classified_at__lt=F("last_parsed_at")))
+        .filter(
+            Q(classify_claimed_at__isnull=True) | Q(classify_claimed_at__lt=now - classify_lease)
+        )
         .exclude(uploads__status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING])
         .order_by("last_parsed_at")
         .values_list("pk", flat=True)[:batch]

@@ -44,7 +44,7 @@ def upload_parse(self, upload_id: int, takeover: bool = False, retry: bool = Fal
         services.upload_parse(upload_id, takeover=takeover or redelivered(self), retry=retry)
     except DATABASE_TRANSIENT as exc:
         # Give the claim back if the database lets us. Either way the retry may take it over:
-        # this run held it, and a claim left behind would otherwise wait STALE_CLAIM.
+        # this run held it, and a claim left behind would otherwise wait out its lease.
         with contextlib.suppress(*DATABASE_TRANSIENT):
             Upload.objects.filter(pk=upload_id, status=Upload.Status.PARSING).update(
                 status=Upload.Status.RECEIVED

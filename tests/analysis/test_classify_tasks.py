@@ -8,6 +8,7 @@ from django.utils import timezone
 from analysis import services
 from analysis.models import Incident
 from analysis.tasks import attempt_classify
+from fleet.celery import eager_countdowns
 from fleet.demo import JobScenario, rank_log
 from fleet.models import Attempt
 from ingest.models import Upload
@@ -67,6 +68,41 @@ def test_the_claim_lets_only_one_worker_through():
     assert services.attempt_claim_for_classify(attempt.pk, now) is False
 
 
+def test_a_claim_held_past_its_lease_is_taken_and_a_finished_one_is_released(settings):
+    from fleet.models import Job
+
+    settings.FLEETWATCH_CLASSIFY_LEASE_SECONDS = 60
+    parsed = timezone.now()
+    attempt = Attempt.objects.create(job=Job.objects.create(external_id="j"), last_parsed_at=parsed)
+    claimed = parsed + timedelta(seconds=1)
+    assert services.attempt_claim_for_classify(attempt.pk, claimed) is True
+    # Its worker died mid-classify: the attempt is still unclassified and the claim holds for
+    # the lease, then any worker may take it.
+    assert services.attempt_claim_for_classify(attempt.pk, claimed + timedelta(seconds=59)) is False
+    later = claimed + timedelta(seconds=61)
+    assert services.attempt_claim_for_classify(attempt.pk, later) is True
+    services.attempt_classify_done(attempt.pk, later)
+    attempt.refresh_from_db()
+    assert (attempt.classified_at, attempt.classify_claimed_at) == (later, None)
+    # Done, and nothing parsed since: there is nothing to claim.
+    assert services.attempt_claim_for_classify(attempt.pk, later + timedelta(hours=1)) is False
+
+
+def test_an_upload_parsed_while_a_classification_ran_gets_its_own_after_it(upload):
+    # The classification in flight read the uploads as they were when it claimed; the upload
+    # that parsed meanwhile found the attempt claimed. Releasing the claim classifies again.
+    upload(rank_log(JOB, 0), job=JOB.job, rank=0)
+    attempt = Attempt.objects.get()
+    first = Incident.objects.get().classified_at
+    claimed = attempt.classified_at - timedelta(seconds=1)
+    Attempt.objects.filter(pk=attempt.pk).update(
+        classify_claimed_at=claimed, last_parsed_at=claimed + timedelta(milliseconds=500)
+    )
+    with eager_countdowns.batch():  # the published classification runs as the block ends
+        services.attempt_classify_done(attempt.pk, claimed)
+    assert Incident.objects.get().classified_at > first
+
+
 def test_tasks_for_rows_that_are_gone_return_quietly():
     attempt_classify(987654)
     upload_parse(987654)
@@ -98,8 +134,6 @@ def test_a_parse_abandoned_by_a_dead_worker_is_taken_over_later(upload):
 def test_later_evidence_revises_the_verdict_only_when_culprit_or_ranks_change(upload, reader):
     """Each verdict is kept with what changed it; the same verdict again is no revision. The
     uploads run their parse and classification as they arrive (eager), one rank at a time."""
-    from fleet.demo import JobScenario, rank_log
-
     scenario = JobScenario("rev-1", ["gpu-r"], world=4, era="2.3", seq=19, numel=1, lagging=3)
 
     def revisions():

@@ -1,5 +1,7 @@
-"""A worker killed mid-parse: the message comes back (acks_late), the next run takes over the dead
-run's claim, and the upload ends parsed with exactly one set of events.
+"""A worker killed mid-parse or mid-classify: the work comes back without the broker's visibility
+timeout (a pool child's message at once, acks_late; a whole worker's through the sweep once the
+dead run's lease lapses), the next run takes the claim over, and the upload ends parsed with
+exactly one set of events, the attempt classified.
 
 The log is genuinely large — half a million NCCL_DEBUG=INFO channel lines before the timeout, as
 a long job with NCCL_DEBUG=INFO leaves — so that the parse takes long enough to be killed."""
@@ -9,7 +11,6 @@ from __future__ import annotations
 import gzip
 import os
 import signal
-import time
 
 import psutil
 import pytest
@@ -20,7 +21,14 @@ from .stack import wait_until
 
 pytestmark = pytest.mark.slow
 
-VISIBILITY_S = 2
+# Short leases and a sweep every second, so that the test waits seconds, not the production
+# 30 s lease and 60 s sweep; the broker's visibility timeout stays at its production 30 minutes.
+LEASES = {
+    "FLEETWATCH_PARSE_LEASE_SECONDS": "2",
+    "FLEETWATCH_CLASSIFY_LEASE_SECONDS": "2",
+    "FLEETWATCH_SWEEP_SECONDS": "1",
+    "FLEETWATCH_SWEEP_GRACE_SECONDS": "1",
+}
 
 
 def large_log() -> bytes:
@@ -37,7 +45,7 @@ def upload_status(db, upload_id):
 @pytest.mark.parametrize("victim", ["pool child", "whole worker"])
 def test_a_parse_killed_with_its_worker_is_redelivered_and_stored_once(stack, victim):
     broker = stack.redis()
-    env = stack.env(broker)
+    env = stack.env(broker, **LEASES)
     web = stack.gunicorn(env, workers=1)
     first = stack.worker("first", env, pool="prefork")
     first.wait_ready()
@@ -67,20 +75,11 @@ def test_a_parse_killed_with_its_worker_is_redelivered_and_stored_once(stack, vi
         survivor = first
     else:
         # Worker and pool child at once, as when a node dies. The message stays in Redis as
-        # unacknowledged until the visibility timeout; a worker starting after that restores it.
+        # unacknowledged for the visibility timeout (30 minutes); the claim stops being renewed,
+        # and the sweep of another worker hands the upload on once its lease lapsed.
         first.kill_group()
         assert upload_status(db, upload_id) == "parsing", "the parse ended before the kill"
-        [(_, delivered_at)] = broker.client().zrange("unacked_index", 0, -1, withscores=True)
-        wait_until(
-            lambda: time.time() > delivered_at + VISIBILITY_S + 0.5,
-            VISIBILITY_S + 10,
-            "the unacknowledged message to outlive the visibility timeout",
-        )
-        survivor = stack.worker(
-            "second",
-            {**env, "FLEETWATCH_BROKER_VISIBILITY_TIMEOUT": str(VISIBILITY_S)},
-            pool="prefork",
-        )
+        survivor = stack.worker("second", env, pool="prefork", beat=True)
 
     wait_until(
         lambda: survivor.assert_alive() or upload_status(db, upload_id) == "parsed",
@@ -96,3 +95,67 @@ def test_a_parse_killed_with_its_worker_is_redelivered_and_stored_once(stack, vi
     )[0]
     assert expected == events == distinct > 0
     assert db.value("SELECT line_count FROM ingest_upload WHERE id = %s", upload_id) > 800_000
+
+
+def timeouts_log(rank: int, collectives: int = 60_000) -> bytes:
+    """A rank that printed a watchdog timeout for each of 60,000 collectives (a wrapper that
+    reprints them): 60,000 events to classify, long enough to kill the worker in the middle."""
+    return "".join(
+        f"[rank{rank}]:[E1126 04:10:21.000000000 ProcessGroupNCCL.cpp:632] [Rank {rank}] "
+        f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, "
+        "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600040 milliseconds before timing "
+        "out.\n"
+        for seq in range(collectives)
+    ).encode()
+
+
+def test_a_classification_killed_with_its_worker_is_taken_over_once_its_lease_lapses(stack):
+    broker = stack.redis()
+    env = stack.env(broker, **LEASES)
+    web = stack.gunicorn(env, workers=1)
+    first = stack.worker("first", env, pool="prefork")
+    first.wait_ready()
+    db = stack.database
+    uploads = [
+        web.accepted(
+            stack.key,
+            gzip.compress(timeouts_log(rank), 6),
+            filename=f"rank{rank}.log.gz",
+            host="gpu-c1",
+            job="job-classify-killed",
+            rank=rank,
+        )
+        for rank in (0, 1)
+    ]
+    attempt = db.value("SELECT attempt_id FROM ingest_upload WHERE id = %s", uploads[0])
+
+    def incidents() -> int:
+        return db.value("SELECT count(*) FROM analysis_incident WHERE attempt_id = %s", attempt)
+
+    wait_until(
+        lambda: (
+            first.assert_alive()
+            or db.value(
+                "SELECT classify_claimed_at IS NOT NULL FROM fleet_attempt WHERE id = %s", attempt
+            )
+        ),
+        180,
+        "the worker to claim the attempt's classification",
+        every=0.02,
+    )
+    # Worker and pool child at once: the classify message stays unacknowledged in Redis for the
+    # visibility timeout (30 minutes); the claim's lease lapses, and another worker's sweep
+    # hands the attempt on.
+    first.kill_group()
+    assert incidents() == 0, "the classification ended before the kill"
+    survivor = stack.worker("second", env, pool="prefork", beat=True)
+    wait_until(
+        lambda: survivor.assert_alive() or incidents() == 1,
+        180,
+        "the attempt to be classified by the second worker",
+        every=0.2,
+    )
+    claim, classified = db.rows(
+        "SELECT classify_claimed_at, classified_at FROM fleet_attempt WHERE id = %s", attempt
+    )[0]
+    assert claim is None and classified is not None

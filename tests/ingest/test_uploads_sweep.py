@@ -11,7 +11,7 @@ from analysis.models import Incident
 from fleet.demo import JobScenario, rank_log
 from fleet.models import Attempt
 from ingest.models import Event, Upload
-from ingest.services import STALE_CLAIM, uploads_sweep
+from ingest.services import parse_lease, uploads_sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -44,7 +44,7 @@ def test_a_stale_parse_claim_is_taken_over_and_a_live_one_is_left(upload, grace)
     live = upload(rank_log(JOB, 1), job=JOB.job, rank=1).json()["id"]
     now = timezone.now()
     Upload.objects.filter(pk=stale).update(
-        status=Upload.Status.PARSING, parsed_at=now - STALE_CLAIM - timedelta(seconds=1)
+        status=Upload.Status.PARSING, parsed_at=now - parse_lease() - timedelta(seconds=1)
     )
     Upload.objects.filter(pk=live).update(status=Upload.Status.PARSING, parsed_at=now)
 
@@ -76,3 +76,23 @@ def test_an_attempt_with_an_upload_still_to_parse_is_left_to_that_upload(upload,
     Upload.objects.update(status=Upload.Status.PARSING, parsed_at=timezone.now())
 
     assert uploads_sweep() == {"uploads": 0, "attempts": 0}
+
+
+def test_an_attempt_whose_classification_died_is_classified_after_the_lease(
+    upload, grace, settings
+):
+    settings.FLEETWATCH_CLASSIFY_LEASE_SECONDS = 60
+    upload(rank_log(JOB, 0), job=JOB.job, rank=0)
+    upload(rank_log(JOB, 1), job=JOB.job, rank=1)
+    attempt = Attempt.objects.get()
+    Incident.objects.all().delete()
+    now = timezone.now()
+    long_ago = now - grace - timedelta(seconds=1)
+    # A worker claimed it and died before storing a verdict: its lease holds for a while.
+    Attempt.objects.filter(pk=attempt.pk).update(
+        classified_at=None, last_parsed_at=long_ago, classify_claimed_at=now - timedelta(seconds=30)
+    )
+    assert uploads_sweep(now) == {"uploads": 0, "attempts": 0}
+    Attempt.objects.filter(pk=attempt.pk).update(classify_claimed_at=now - timedelta(seconds=61))
+    assert uploads_sweep(now) == {"uploads": 0, "attempts": 1}
+    assert Incident.objects.get(attempt=attempt).suspects
