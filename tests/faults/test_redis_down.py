@@ -6,6 +6,7 @@ upload is the record; the publish that fails after it is logged and dropped, and
 
 from __future__ import annotations
 
+import gzip
 import socket
 
 import pytest
@@ -103,3 +104,59 @@ def test_a_broker_that_accepts_connections_but_never_answers_does_not_hang_an_up
             assert response.status == 202, (json_of(response), web.tail())
     assert stack.database.rows("SELECT DISTINCT status FROM ingest_upload") == [("received",)]
     assert "could not enqueue ingest.tasks.upload_parse" in web.log()
+
+
+def test_a_worker_holding_an_unacknowledged_message_survives_a_redis_kill(stack):
+    """Redis dies while the worker parses (its message taken, not yet acknowledged): the worker
+    loses the broker, keeps running, reconnects when Redis is back and goes on consuming."""
+    from .test_worker_killed import LEASES, large_log
+
+    broker = stack.redis()
+    env = stack.env(broker, **LEASES)
+    web = stack.gunicorn(env, workers=1)
+    worker = stack.worker("holder", env, pool="prefork", beat=True)
+    worker.wait_ready()
+    db = stack.database
+    held = web.accepted(
+        stack.key,
+        gzip.compress(large_log(), 6),
+        filename="rank0.log.gz",
+        host="gpu-k1",
+        job="job-held",
+        rank=0,
+    )
+    wait_until(
+        lambda: (
+            worker.assert_alive()
+            or db.value("SELECT status FROM ingest_upload WHERE id = %s", held) == "parsing"
+        ),
+        60,
+        "the worker to take the upload's message",
+        every=0.02,
+    )
+    broker.process.kill_group()  # SIGKILL: the unacknowledged message dies with it
+    broker.process = None
+    wait_until(
+        lambda: worker.assert_alive() or "Connection to broker lost" in worker.log(),
+        60,
+        "the worker to notice the broker is gone",
+        every=0.2,
+    )
+    broker.start()  # the same port, empty
+    scenario = JobScenario("job-after", ["gpu-a1"], world=2, lagging=1, seq=12)
+    after = web.accepted_logs(stack.key, scenario, (0, 1))
+    wait_until(
+        lambda: (
+            worker.assert_alive()
+            or db.value(
+                "SELECT count(*) FROM ingest_upload WHERE status = 'parsed' AND id = ANY(%s)",
+                [held, *after],
+            )
+            == 3
+        ),
+        180,
+        "the upload held during the outage and the ones after it to be parsed",
+        every=0.2,
+    )
+    worker.assert_alive()
+    assert "Unrecoverable error" not in worker.log()
