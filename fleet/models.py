@@ -82,6 +82,8 @@ class Attempt(models.Model):
     # A classification holding the attempt (conditional update) so two workers never classify
     # at once; one older than FLEETWATCH_CLASSIFY_LEASE_SECONDS died with its worker.
     classify_claimed_at = models.DateTimeField(null=True, blank=True)
+    # When the sweep last re-published its classification (see Upload.published_at).
+    classify_published_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at"]

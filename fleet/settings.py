@@ -255,6 +255,12 @@ FLEETWATCH_PARSE_TIME_LIMIT = env_int("FLEETWATCH_PARSE_TIME_LIMIT", 600, minimu
 FLEETWATCH_SWEEP_SECONDS = env_float("FLEETWATCH_SWEEP_SECONDS", 60.0, minimum=1.0)
 FLEETWATCH_SWEEP_GRACE_SECONDS = env_float("FLEETWATCH_SWEEP_GRACE_SECONDS", 120.0, minimum=0.0)
 FLEETWATCH_SWEEP_BATCH = env_int("FLEETWATCH_SWEEP_BATCH", 500, minimum=1)
+# Work the sweep re-published is not re-published again for this long: its message may be
+# queued behind a backlog (workers down or slow), and sending it every sweep only grows the
+# queue. A message the broker lost meanwhile waits this long for its second re-publish.
+FLEETWATCH_SWEEP_REPUBLISH_SECONDS = env_float(
+    "FLEETWATCH_SWEEP_REPUBLISH_SECONDS", 300.0, minimum=0.0
+)
 
 # Seconds to wait after the last upload of an attempt before classifying it, so that the logs of
 # every rank join one verdict instead of one per upload. The embedded default (eager Celery)

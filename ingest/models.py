@@ -71,6 +71,9 @@ class Upload(models.Model):
     # (its worker was killed: by the time limit, out of memory, a crash) leaves its count, and
     # an upload that has taken MAX_PARSE_TRIES workers down is failed instead of tried again.
     parse_tries = models.PositiveSmallIntegerField(default=0)
+    # When the sweep last re-published this upload's parse: a message it sent may still be
+    # queued behind a backlog, so it is not sent again until FLEETWATCH_SWEEP_REPUBLISH_SECONDS.
+    published_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-received_at"]

@@ -418,18 +418,22 @@ def uploads_sweep(now=None) -> dict[str, int]:
     the broker lost the message), parse claims not renewed within their lease (a worker died and
     its message never came back), and attempts whose uploads all parsed but which were never
     classified after the settle window, or whose classification's claim outlived its lease.
-    Each task is safe to run twice, so a message that was merely slow costs one no-op claim.
-    Stops at the first failed publish: the broker is down and the next sweep will try again."""
+    Each task is safe to run twice, so a message that was merely slow costs one no-op claim;
+    what the sweep sent is marked and not sent again for FLEETWATCH_SWEEP_REPUBLISH_SECONDS, so
+    a backlog (workers down) does not grow by every unfinished item each sweep. Stops at the
+    first failed publish: the broker is down and the next sweep will try again."""
     now = now or timezone.now()
     grace = timedelta(seconds=settings.FLEETWATCH_SWEEP_GRACE_SECONDS)
     settle = timedelta(seconds=settings.FLEETWATCH_SETTLE_SECONDS)
     classify_lease = timedelta(seconds=settings.FLEETWATCH_CLASSIFY_LEASE_SECONDS)
     batch = settings.FLEETWATCH_SWEEP_BATCH
+    sent_before = now - timedelta(seconds=settings.FLEETWATCH_SWEEP_REPUBLISH_SECONDS)
     uploads = list(
         Upload.objects.filter(
             Q(status=Upload.Status.RECEIVED, received_at__lt=now - grace)
             | Q(status=Upload.Status.PARSING, parsed_at__lt=now - parse_lease())
         )
+        .filter(Q(published_at__isnull=True) | Q(published_at__lt=sent_before))
         .order_by("received_at")
         .values_list("pk", flat=True)[:batch]
     )
@@ -439,21 +443,33 @@ def uploads_sweep(now=None) -> dict[str, int]:
         .filter(
             Q(classify_claimed_at__isnull=True) | Q(classify_claimed_at__lt=now - classify_lease)
         )
+        .filter(Q(classify_published_at__isnull=True) | Q(classify_published_at__lt=sent_before))
         .exclude(uploads__status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING])
         .order_by("last_parsed_at")
         .values_list("pk", flat=True)[:batch]
     )
     sent = {"uploads": 0, "attempts": 0}
     work = (
-        ("uploads", "ingest.tasks.upload_parse", uploads),
-        ("attempts", "analysis.tasks.attempt_classify", attempts),
+        ("uploads", "ingest.tasks.upload_parse", uploads, Upload.objects, "published_at"),
+        (
+            "attempts",
+            "analysis.tasks.attempt_classify",
+            attempts,
+            Attempt.objects,
+            "classify_published_at",
+        ),
     )
-    for kind, task, ids in work:
-        for pk in ids:
-            if not task_publish(task, pk):
-                log.warning("sweep stopped: the broker refused a message")
-                return sent
-            sent[kind] += 1
+    for kind, task, ids, rows, marker in work:
+        published = []
+        try:
+            for pk in ids:
+                if not task_publish(task, pk):
+                    log.warning("sweep stopped: the broker refused a message")
+                    return sent
+                published.append(pk)
+                sent[kind] += 1
+        finally:
+            rows.filter(pk__in=published).update(**{marker: now})
     if any(sent.values()):
         log.info("sweep re-enqueued %(uploads)d uploads and %(attempts)d attempts", sent)
     return sent
