@@ -1,8 +1,14 @@
 """``/metrics`` for Prometheus, computed from the database at scrape time.
 
-Every value is read from Postgres (or Redis for the queue) when scraped, by a custom collector
-on a registry of its own: any gunicorn worker answers with the same numbers, with no
+Every value is read from Postgres (or the broker for the queue) when scraped, by a custom
+collector on a registry of its own: any gunicorn worker answers with the same numbers, with no
 per-process counters to aggregate (and no multiprocess directory to manage).
+
+Counters count rows that are only ever added (incidents opened, verdicts recorded, drain
+requests, uploads that failed): a reclassification never lowers one, which Prometheus would
+read as a reset. Current counts (incidents by their culprit now, hosts by verdict, uploads by
+status) are gauges. Each host has its verdict and score as series of its own, so an alert can
+name the host.
 """
 
 from __future__ import annotations
@@ -23,33 +29,65 @@ def queue_names() -> list[str]:
 
 
 def celery_queue_depth() -> dict[str, int] | None:
-    """Messages waiting in each Celery queue (Redis LLEN), or None without a Redis broker."""
-    url = getattr(settings, "CELERY_BROKER_URL", "")
-    if not url.startswith(("redis://", "rediss://")):
-        return None
-    import redis
+    """Messages waiting in each Celery queue: Redis LLEN, or an AMQP broker's own count (a
+    passive queue declare); with no broker (the embedded default, eager tasks), the tasks this
+    process holds for their countdown (the settle window) under ``in-process``."""
+    url = getattr(settings, "CELERY_BROKER_URL", "") or ""
+    if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False) or url.startswith("memory://"):
+        from fleet.celery import eager_countdowns
 
-    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        return {queue: int(client.llen(queue)) for queue in queue_names()}
-    finally:
-        client.close()
+        return {"in-process": eager_countdowns.pending()}
+    if url.startswith(("redis://", "rediss://")):
+        import redis
+
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            return {queue: int(client.llen(queue)) for queue in queue_names()}
+        finally:
+            client.close()
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=2) as connection:
+        channel = connection.default_channel
+        depth = {}
+        for queue in queue_names():
+            try:
+                depth[queue] = int(channel.queue_declare(queue, passive=True).message_count)
+            except connection.channel_errors:  # not declared yet: no worker ever started
+                channel = connection.channel()
+                depth[queue] = 0
+        return depth
 
 
 class FleetCollector:
     def collect(self):
-        from analysis.models import DrainAction, Incident
+        from analysis.models import DrainAction, Incident, IncidentRevision
         from fleet.drain import hosts_health
         from ingest.models import Upload
 
         now = timezone.now()
-        incidents = CounterMetricFamily(
-            "fleetwatch_incidents", "Incidents diagnosed, by culprit class", labels=["culprit"]
+        yield CounterMetricFamily(
+            "fleetwatch_incidents", "Incidents opened", value=Incident.objects.count()
+        )
+        verdicts = CounterMetricFamily(
+            "fleetwatch_verdicts",
+            "Verdicts recorded (an incident's first and each revision that changed it), by "
+            "the culprit they named",
+            labels=["culprit"],
+        )
+        given = dict(IncidentRevision.objects.values_list("culprit").annotate(n=Count("id")))
+        for culprit in CULPRITS:
+            verdicts.add_metric([culprit], given.get(culprit, 0))
+        yield verdicts
+        by_culprit = GaugeMetricFamily(
+            "fleetwatch_incidents_by_culprit",
+            "Incidents by the culprit of their current verdict",
+            labels=["culprit"],
         )
         counted = dict(Incident.objects.values_list("culprit").annotate(n=Count("id")))
         for culprit in CULPRITS:
-            incidents.add_metric([culprit], counted.get(culprit, 0))
-        yield incidents
+            by_culprit.add_metric([culprit], counted.get(culprit, 0))
+        yield by_culprit
 
         open_incidents = GaugeMetricFamily(
             "fleetwatch_incidents_open",
@@ -65,13 +103,26 @@ class FleetCollector:
             open_incidents.add_metric([culprit], still_open.get(culprit, 0))
         yield open_incidents
 
-        verdicts = GaugeMetricFamily(
-            "fleetwatch_hosts", "Hosts by health verdict", labels=["verdict"]
-        )
+        hosts = GaugeMetricFamily("fleetwatch_hosts", "Hosts by health verdict", labels=["verdict"])
         every = hosts_health(now)
         for verdict in ("ok", "watch", "drain"):
-            verdicts.add_metric([verdict], sum(1 for h in every if h.verdict == verdict))
-        yield verdicts
+            hosts.add_metric([verdict], sum(1 for h in every if h.verdict == verdict))
+        yield hosts
+        host_verdict = GaugeMetricFamily(
+            "fleetwatch_host_verdict",
+            "1 for each host's current health verdict (ok, watch, drain)",
+            labels=["host", "verdict"],
+        )
+        host_score = GaugeMetricFamily(
+            "fleetwatch_host_score",
+            "Each host's fleet-memory score (how far its implications exceed the fleet's rate)",
+            labels=["host"],
+        )
+        for health in every:
+            host_verdict.add_metric([health.hostname, health.verdict], 1)
+            host_score.add_metric([health.hostname], health.score)
+        yield host_verdict
+        yield host_score
 
         pending = Upload.objects.filter(status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING])
         oldest = pending.aggregate(at=Min("received_at"))["at"]

@@ -45,18 +45,27 @@ def test_metrics_count_incidents_verdicts_uploads_and_lag(client):
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     got = samples(response.content.decode())
-    assert got[("fleetwatch_incidents_total", (("culprit", "bad_node_hardware"),))] == 1
-    assert got[("fleetwatch_incidents_total", (("culprit", "storage_io"),))] == 0
+    assert got[("fleetwatch_incidents_total", ())] == 1
+    assert got[("fleetwatch_incidents_by_culprit", (("culprit", "bad_node_hardware"),))] == 1
+    assert got[("fleetwatch_incidents_by_culprit", (("culprit", "storage_io"),))] == 0
     assert got[("fleetwatch_hosts", (("verdict", "drain"),))] == 1
     assert got[("fleetwatch_hosts", (("verdict", "ok"),))] == 1
+    # Each host's own series, so that an alert names the host.
+    assert got[("fleetwatch_host_verdict", (("host", "gpu-bad"), ("verdict", "drain")))] == 1
+    assert got[("fleetwatch_host_verdict", (("host", "gpu-fine"), ("verdict", "ok")))] == 1
+    assert got[("fleetwatch_host_score", (("host", "gpu-fine"),))] == 0
     assert got[("fleetwatch_parse_failures_total", ())] == 1
     assert 119 <= got[("fleetwatch_ingest_lag_seconds", ())] < 200
     assert got[("fleetwatch_uploads", (("status", "received"),))] == 1
-    queue = [value for (name, _labels), value in got.items() if name == "fleetwatch_queue_depth"]
+    queue = {
+        dict(labels)["queue"]: value
+        for (name, labels), value in got.items()
+        if name == "fleetwatch_queue_depth"
+    }
     if settings.CELERY_BROKER_URL.startswith("redis://"):
-        assert queue and all(v >= 0 for v in queue)  # the real queue, read with LLEN
+        assert set(queue) == {"ingest", "analysis"}  # the real queues, read with LLEN
     else:
-        assert queue == []  # no broker to ask: absent, not a made-up zero
+        assert set(queue) == {"in-process"}  # eager: tasks waiting out their countdown here
 
 
 def test_metrics_are_the_same_from_any_worker(client):
@@ -66,24 +75,69 @@ def test_metrics_are_the_same_from_any_worker(client):
     incident_on("gpu-bad")
     assert render()[0] == render()[0]
     incident_on("gpu-other", job="job-2", fingerprint="fp-2")
-    assert b'fleetwatch_incidents_total{culprit="bad_node_hardware"} 2.0' in render()[0]
+    assert b"fleetwatch_incidents_total 2.0" in render()[0]
 
 
-def test_queue_depth_reads_llen_of_each_celery_queue(monkeypatch, settings):
+def reachable(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not reachable(6379), reason="no Redis on 127.0.0.1:6379")
+def test_queue_depth_reads_each_celery_queue_of_a_redis_broker(settings):
+    import redis
+
     from fleet import metrics
 
-    class FakeRedis:
-        def llen(self, name):
-            return {"ingest": 17, "analysis": 3}[name]
-
-        def close(self):
-            pass
-
-    settings.CELERY_BROKER_URL = "redis://broker:6379/0"
-    monkeypatch.setattr("redis.Redis.from_url", lambda *a, **k: FakeRedis())
-    rendered = metrics.render()[0]
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:6379/14"
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.delete("ingest", "analysis")
+    try:
+        client.rpush("ingest", *[f"message {i}" for i in range(17)])
+        client.rpush("analysis", *[f"message {i}" for i in range(3)])
+        rendered = metrics.render()[0]
+    finally:
+        client.delete("ingest", "analysis")
+        client.close()
     assert b'fleetwatch_queue_depth{queue="ingest"} 17.0' in rendered
     assert b'fleetwatch_queue_depth{queue="analysis"} 3.0' in rendered
+
+
+@pytest.mark.skipif(not reachable(5672), reason="no RabbitMQ on 127.0.0.1:5672")
+def test_queue_depth_reads_each_celery_queue_of_an_amqp_broker(settings):
+    from kombu import Connection, Exchange, Queue
+
+    from fleet import metrics
+
+    settings.CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    with Connection(settings.CELERY_BROKER_URL, connect_timeout=2) as connection:
+        queues = {name: Queue(name, Exchange(name), routing_key=name) for name in ("ingest",)}
+        producer = connection.Producer()
+        for queue in queues.values():
+            queue(connection.default_channel).declare()
+            queue(connection.default_channel).purge()
+        try:
+            for i in range(5):
+                producer.publish(
+                    {"n": i},
+                    exchange=queues["ingest"].exchange,
+                    routing_key="ingest",
+                    declare=[queues["ingest"]],
+                )
+            rendered = metrics.render()[0]
+        finally:
+            for queue in queues.values():
+                queue(connection.default_channel).delete()
+    assert b'fleetwatch_queue_depth{queue="ingest"} 5.0' in rendered
+    # A queue no worker declared yet holds nothing.
+    assert b'fleetwatch_queue_depth{queue="analysis"} 0.0' in rendered
 
 
 def test_metrics_token_when_configured(client, settings):
@@ -127,27 +181,79 @@ def test_host_check_over_the_api_with_a_read_key(live_server, make_key):
     assert code == 3 and "HTTP 401" in line
 
 
-def test_every_dashboard_query_names_a_series_the_exporter_exposes(client):
-    # Counters are exposed with their _total suffix; a panel that drops it shows no data, and
-    # delta() on a counter misreads a reset (Prometheus docs: use increase()/rate()).
-    import json
-    import re
-
-    incident_on("gpu-bad")
-    exposed = set()
+def exposed_types(client) -> dict[str, str]:
+    """Every series name /metrics exposes -> its type; counters with their _total suffix."""
+    types = {}
     for family in text_string_to_metric_families(client.get("/metrics").content.decode()):
         # A family is exposed even with no samples yet (no drain requested so far).
-        exposed.add(family.name + ("_total" if family.type == "counter" else ""))
+        types[family.name + ("_total" if family.type == "counter" else "")] = family.type
+    return types
+
+
+def assert_expression_reads_the_exporter(expr: str, types: dict[str, str]) -> None:
+    """Names a series /metrics exposes; rate()/increase()/irate() only over counters (they read
+    resets), delta()/deriv() never over them (Prometheus docs, functions)."""
+    import re
+
+    names = re.findall(r"\bfleetwatch_[a-z_]+", expr)
+    assert names, expr
+    for name in names:
+        assert name in types, (expr, sorted(types))
+    for fn, name in re.findall(r"\b(rate|irate|increase|delta|deriv)\(\s*(fleetwatch_\w+)", expr):
+        if fn in ("rate", "irate", "increase"):
+            assert types[name] == "counter", (expr, f"{fn}() over the {types[name]} {name}")
+        else:
+            assert types[name] != "counter", (expr, f"{fn}() over the counter {name}")
+
+
+def test_every_dashboard_query_names_a_series_the_exporter_exposes(client):
+    import json
+
+    incident_on("gpu-bad")
+    types = exposed_types(client)
     dashboard = json.loads(
         (settings.BASE_DIR / "fleet" / "grafana" / "fleetwatch.json").read_text()
     )
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if "expr" in t]
     assert exprs
     for expr in exprs:
-        for name in re.findall(r"\bfleetwatch_[a-z_]+", expr):
-            if name == "fleetwatch_queue_depth" and not settings.CELERY_BROKER_URL.startswith(
-                "redis://"
-            ):
-                continue  # only with a broker to ask
-            assert name in exposed, (expr, sorted(exposed))
-        assert not re.search(r"\bdelta\(\s*fleetwatch_\w+_total", expr), expr
+        assert_expression_reads_the_exporter(expr, types)
+
+
+def test_every_alerting_rule_reads_series_the_exporter_exposes(client):
+    import yaml
+
+    incident_on("gpu-bad")
+    types = exposed_types(client)
+    rules = yaml.safe_load(
+        (settings.BASE_DIR / "fleet" / "grafana" / "fleetwatch-alerts.yml").read_text()
+    )
+    alerts = [rule for group in rules["groups"] for rule in group["rules"]]
+    assert {"FleetwatchHostToDrain", "FleetwatchIngestLagging"} <= {a["alert"] for a in alerts}
+    for alert in alerts:
+        assert_expression_reads_the_exporter(alert["expr"], types)
+        assert alert["labels"]["severity"] in ("warning", "critical"), alert
+        assert alert["annotations"]["summary"], alert
+
+
+def test_a_reclassified_incident_lowers_no_counter(client):
+    from analysis.models import IncidentRevision
+
+    _host, incident = incident_on("gpu-bad")
+    IncidentRevision.objects.create(incident=incident, culprit="bad_node_hardware")
+    before = samples(client.get("/metrics").content.decode())
+    incident.culprit = "storage_io"
+    incident.save(update_fields=["culprit"])
+    IncidentRevision.objects.create(incident=incident, culprit="storage_io")
+    after = samples(client.get("/metrics").content.decode())
+    counters = {
+        key for key in before if key[0].endswith("_total") and key[0] != "fleetwatch_queue_depth"
+    }
+    assert counters
+    for key in counters:
+        assert after[key] >= before[key], key
+    verdicts = ("fleetwatch_verdicts_total", (("culprit", "storage_io"),))
+    assert (before[verdicts], after[verdicts]) == (0, 1)
+    # The current count moved between culprits: a gauge, which may go down.
+    gauge = ("fleetwatch_incidents_by_culprit", (("culprit", "bad_node_hardware"),))
+    assert (before[gauge], after[gauge]) == (1, 0)
