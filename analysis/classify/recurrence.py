@@ -4,6 +4,11 @@ An entity (host, rack, config value…) is accused only when it is implicated in
 often than chance allows given how often it ran: the number of its attempts that a verdict
 implicated is compared with a binomial draw at the fleet's rate for entities of its kind.
 Old evidence decays with a half-life, and at least ``MIN_INCIDENTS`` incidents are required.
+
+The two tails (binomial upper tail, one-sided Fisher exact test) are written here rather than
+taken from scipy.stats: they are a few lines of log-space sums, and scipy with numpy would be
+about 100 MB installed on every server for them. tests/analysis/test_recurrence.py holds both
+to exact rational arithmetic (fractions) over generated tables.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """Recurrence statistics: accuse only what fails more than chance allows."""
 
 import math
+from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.classify.recurrence import (
     assess,
@@ -19,6 +22,48 @@ def test_binomial_tail_matches_a_direct_sum():
     assert binomial_tail(3, n, p) == pytest.approx(direct, rel=1e-9)
     assert binomial_tail(0, 5, 0.3) == 1.0
     assert binomial_tail(6, 5, 0.3) == 0.0
+
+
+def exact_binomial_tail(k: int, n: int, p: Fraction) -> Fraction:
+    return sum(
+        (math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(max(k, 0), n + 1)),
+        Fraction(0),
+    )
+
+
+def exact_fisher_greater(a: int, b: int, c: int, d: int) -> Fraction:
+    n1, n2, m = a + b, c + d, a + c
+    total = math.comb(n1 + n2, m)
+    return sum(
+        (
+            Fraction(math.comb(n1, x) * math.comb(n2, m - x), total)
+            for x in range(a, min(n1, m) + 1)
+            if m - x <= n2
+        ),
+        Fraction(0),
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    k=st.integers(0, 400),
+    p=st.fractions(min_value=Fraction(1, 10_000), max_value=Fraction(9_999, 10_000)),
+)
+def test_binomial_tail_agrees_with_exact_arithmetic(n, k, p):
+    exact = exact_binomial_tail(k, n, p) if k <= n else Fraction(0)
+    got = binomial_tail(k, n, float(p))
+    # The sum stops where terms fall 40 e-folds (1e-17) under the first: a relative error that
+    # small, or an absolute one below float resolution.
+    assert got == pytest.approx(float(exact), rel=1e-9, abs=1e-300)
+
+
+@settings(max_examples=120, deadline=None)
+@given(a=st.integers(0, 60), b=st.integers(0, 200), c=st.integers(0, 60), d=st.integers(0, 400))
+def test_fisher_greater_agrees_with_exact_arithmetic(a, b, c, d):
+    assert fisher_greater(a, b, c, d) == pytest.approx(
+        float(exact_fisher_greater(a, b, c, d)), rel=1e-9, abs=1e-300
+    )
 
 
 def test_evidence_halves_every_half_life():
