@@ -24,6 +24,7 @@ from django.utils import timezone
 from analysis.classify import CULPRITS
 from analysis.models import HostRepair, Implication, Incident, WeeklyReport
 from analysis.models_ops import DrainAction
+from analysis.palette import CULPRIT_COLOURS
 from fleet.models import Attempt
 
 log = logging.getLogger(__name__)
@@ -31,25 +32,8 @@ log = logging.getLogger(__name__)
 # Job sizes (GPUs = ranks) that behave differently: one host, a few, a pod, a big run.
 SIZE_BUCKETS = ((1, 8, "1–8 GPUs"), (9, 64, "9–64 GPUs"), (65, 512, "65–512 GPUs"))
 SIZE_TOP = "over 512 GPUs"
-# One colour per culprit class, the same in every chart.
-COLOURS = dict(
-    zip(
-        CULPRITS,
-        (
-            "#d62728",
-            "#1f77b4",
-            "#ff7f0e",
-            "#9467bd",
-            "#2ca02c",
-            "#8c564b",
-            "#e377c2",
-            "#bcbd22",
-            "#17becf",
-            "#7f7f7f",
-        ),
-        strict=False,
-    )
-)
+# One colour per culprit class, the same in every chart and in the UI.
+COLOURS = CULPRIT_COLOURS
 
 
 class ReportExists(Exception):
@@ -314,7 +298,7 @@ def svg_by_culprit(by_culprit: dict[str, int], width: int = 640) -> str:
             f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" font-size="12">'
             f"{escape(culprit)}</text>"
             f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}" '
-            f'fill="{COLOURS.get(culprit, "#999")}"/>'
+            f'fill="{COLOURS.get(culprit, COLOURS["unknown"])}"/>'
             f'<text x="{label_w + w + 5:.1f}" y="{y + 15}" font-size="12">{n}</text>'
         )
     parts.append("</svg>")

@@ -177,3 +177,30 @@ def test_report_of_a_simulated_fleet_matches_the_database(tmp_path, settings):
         lost += (a.ended_at - a.started_at).total_seconds() / 3600 * a.world_size
     assert n["gpu_hours_lost"] == pytest.approx(lost, abs=0.1)
     assert n["failed_attempts"] == in_week.count()
+
+
+def test_the_report_and_the_ui_draw_each_culprit_in_the_same_colour(
+    week, client, django_user_model
+):
+    """One palette (analysis/palette.py): the report's chart fills, the overview page's chart
+    (handed to the page, never written into the script) and its badges."""
+    import json
+    import re
+
+    from django.conf import settings
+
+    from analysis.palette import CULPRIT_COLOURS, badge_background
+
+    html = report.weekly_report_html(report.weekly_report_numbers("2026-W47", now=AFTER))
+    fills = dict(re.findall(r'fill="(#[0-9a-f]{6})"><title>([a-z_]+): \d+</title>', html))
+    drawn = {culprit: colour for colour, culprit in fills.items()}
+    assert drawn and all(CULPRIT_COLOURS[c] == colour for c, colour in drawn.items()), drawn
+
+    client.force_login(django_user_model.objects.create_user("palette"))
+    page = client.get("/").content.decode()
+    given = re.search(r'<script id="culprit-colours" type="application/json">(.*?)</script>', page)
+    assert json.loads(given.group(1)) == CULPRIT_COLOURS
+    for culprit, colour in CULPRIT_COLOURS.items():
+        assert f".culprit-{culprit} {{ background: {badge_background(colour)}; }}" in page
+    script = (settings.BASE_DIR / "fleet" / "static" / "fleet" / "fleetwatch.js").read_text()
+    assert not re.search(r"#[0-9a-fA-F]{6}\b", script), "a colour written into the chart script"
