@@ -69,39 +69,31 @@ class FleetCollector:
         yield CounterMetricFamily(
             "fleetwatch_incidents", "Incidents opened", value=Incident.objects.count()
         )
-        verdicts = CounterMetricFamily(
-            "fleetwatch_verdicts",
-            "Verdicts recorded (an incident's first and each revision that changed it), by "
-            "the culprit they named",
-            labels=["culprit"],
+        yield _per_culprit(
+            CounterMetricFamily(
+                "fleetwatch_verdicts",
+                "Verdicts recorded (an incident's first and each revision that changed it), by "
+                "the culprit they named",
+                labels=["culprit"],
+            ),
+            IncidentRevision.objects.all(),
         )
-        given = dict(IncidentRevision.objects.values_list("culprit").annotate(n=Count("id")))
-        for culprit in CULPRITS:
-            verdicts.add_metric([culprit], given.get(culprit, 0))
-        yield verdicts
-        by_culprit = GaugeMetricFamily(
-            "fleetwatch_incidents_by_culprit",
-            "Incidents by the culprit of their current verdict",
-            labels=["culprit"],
+        yield _per_culprit(
+            GaugeMetricFamily(
+                "fleetwatch_incidents_by_culprit",
+                "Incidents by the culprit of their current verdict",
+                labels=["culprit"],
+            ),
+            Incident.objects.all(),
         )
-        counted = dict(Incident.objects.values_list("culprit").annotate(n=Count("id")))
-        for culprit in CULPRITS:
-            by_culprit.add_metric([culprit], counted.get(culprit, 0))
-        yield by_culprit
-
-        open_incidents = GaugeMetricFamily(
-            "fleetwatch_incidents_open",
-            "Incidents not yet resolved, by culprit",
-            labels=["culprit"],
+        yield _per_culprit(
+            GaugeMetricFamily(
+                "fleetwatch_incidents_open",
+                "Incidents not yet resolved, by culprit",
+                labels=["culprit"],
+            ),
+            Incident.objects.exclude(status=Incident.Status.RESOLVED),
         )
-        still_open = dict(
-            Incident.objects.exclude(status=Incident.Status.RESOLVED)
-            .values_list("culprit")
-            .annotate(n=Count("id"))
-        )
-        for culprit in CULPRITS:
-            open_incidents.add_metric([culprit], still_open.get(culprit, 0))
-        yield open_incidents
 
         hosts = GaugeMetricFamily("fleetwatch_hosts", "Hosts by health verdict", labels=["verdict"])
         every = hosts_health(now)
@@ -156,6 +148,14 @@ class FleetCollector:
         depth = celery_queue_depth_safe()
         if depth is not None:
             yield _queue_family(depth)
+
+
+def _per_culprit(family, rows):
+    """``family`` with one sample per culprit class: how many of ``rows`` name it (0 for none)."""
+    counted = dict(rows.values_list("culprit").annotate(n=Count("id")).order_by())
+    for culprit in CULPRITS:
+        family.add_metric([culprit], counted.get(culprit, 0))
+    return family
 
 
 def _queue_family(depth: dict[str, int]) -> GaugeMetricFamily:
