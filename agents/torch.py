@@ -537,12 +537,29 @@ def _hook_exceptions(integration: Integration) -> None:
     sys.excepthook = hook
 
 
+def _write_stack(frame, stream) -> None:
+    """Where the main thread was when a signal stopped it, innermost frame first, in
+    faulthandler's format (``Current thread 0x… (most recent call first):`` then ``  File "…",
+    line N in func``), which the log parser reads as the rank's stack: a rank the others waited
+    for shows what it was waiting on itself (its next batch, a write, a sleep)."""
+    lines = [f"Current thread 0x{threading.get_ident():016x} (most recent call first):"]
+    depth = 0
+    while frame is not None and depth < 40:
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+        frame, depth = frame.f_back, depth + 1
+    with contextlib.suppress(OSError, ValueError):  # a closed or broken stderr: nothing to say
+        stream.write("\n".join(lines) + "\n")
+        stream.flush()
+
+
 def _hook_sigterm(integration: Integration) -> None:
     """torchrun stops the surviving workers of a failed attempt with SIGTERM and kills them only
     after a grace period (torch/distributed/elastic/multiprocessing/api.py: ``close`` sends
     ``death_sig`` SIGTERM, then SIGKILL after ``timeout``); Slurm's scancel and time limit do the
-    same. The rank the others waited for is among those workers, and its Flight Recorder is the
-    evidence of where it was: dump it, then let the signal do what it did before."""
+    same. The rank the others waited for is among those workers, and its Flight Recorder and its
+    stack are the evidence of where it was: write them, then let the signal do what it did
+    before."""
     if threading.current_thread() is not threading.main_thread():
         return  # only the main thread may set handlers; the pipe and exceptions still dump
     previous = signal.getsignal(signal.SIGTERM)
@@ -555,6 +572,7 @@ def _hook_sigterm(integration: Integration) -> None:
         if hasattr(signal, "SIGCHLD"):
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        _write_stack(frame, sys.stderr)
         integration.dump_flight_recorder("SIGTERM")
         if callable(previous):
             previous(signum, frame)

@@ -18,8 +18,8 @@ from tests.torchjobs.matrix_runs import expected, host_agent, job_id, matrix_run
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 HOSTS = ("host-a", "host-b")
-# fault -> (class it gets today, first rank it suspects); the same miss as the pure test's.
-KNOWN_MISSES = {"loader_starved_start": ("unknown", 2)}
+# fault -> (class it gets today, first rank it suspects); the same misses as the pure test's.
+KNOWN_MISSES: dict[str, tuple[str, int]] = {}
 
 
 def rank_and_host_suspects(incident) -> tuple[list[int], set[str]]:
