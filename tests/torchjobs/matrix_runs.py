@@ -77,6 +77,10 @@ def _keep(kept: Path) -> None:
         work.rename(kept)
     except OSError:  # another process kept the same runs first
         shutil.rmtree(work, ignore_errors=True)
+    # Runs kept for code that changed since are never read again: a few MB each, gone.
+    for old in kept.parent.glob("matrix-*"):
+        if old.name != kept.name and "." not in old.name:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _run_all(root: Path) -> dict[str, str]:
