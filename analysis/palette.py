@@ -22,3 +22,7 @@ def badge_background(colour: str, share: float = 0.16) -> str:
     """The colour mixed into white (a badge's background, text stays dark): ``#rrggbb``."""
     rgb = [int(colour[i : i + 2], 16) for i in (1, 3, 5)]
     return "#" + "".join(f"{round(255 - (255 - c) * share):02x}" for c in rgb)
+
+
+# Each class's badge background, mixed once.
+CULPRIT_BADGES: dict[str, str] = {c: badge_background(col) for c, col in CULPRIT_COLOURS.items()}

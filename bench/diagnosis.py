@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from .logs import WORLD, Planted, append_failure, write_log
+from .logs import WORLD, Planted, _watchdog_line, append_failure, write_log
 from .report import scenario
 
 REPO = Path(__file__).resolve().parent.parent
@@ -327,15 +327,6 @@ def _ending(workdir: Path, size_bytes: int, seed: int, say) -> tuple[list[dict],
     }
 
 
-def _timeout_line(rank: int, seq: int) -> str:
-    return (
-        f"[rank{rank}]:[E1126 04:10:21.000000000 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog "
-        f"caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, "
-        f"NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600040 milliseconds before timing "
-        "out.\n"
-    )
-
-
 def _timeout_storm(lines: int, repeat: int, say) -> tuple[list[dict], dict]:
     """A log of nothing but watchdog timeouts (every rank of a 64-rank job, thousands of
     collectives each: a wrapper that retries and reprints, or a hostile upload): every line is
@@ -343,7 +334,19 @@ def _timeout_storm(lines: int, repeat: int, say) -> tuple[list[dict], dict]:
     lookup per timeout that scanned every group's evidence made 8,000 of them take 17 s)."""
 
     def storm(n: int) -> bytes:
-        return "".join(_timeout_line(i % 64, i // 64) for i in range(n)).encode()
+        return "".join(
+            _watchdog_line(
+                f"[rank{i % 64}]:[E1126 04:10:21.000000000 ProcessGroupNCCL.cpp:",
+                i % 64,
+                i // 64,
+                "ALLREDUCE",
+                1,
+                1,
+                40,
+            )
+            + "\n"
+            for i in range(n)
+        ).encode()
 
     small, big = storm(lines // 4), storm(lines)
     t_small, _ = _best(lambda: diagnose(small), repeat)

@@ -6,8 +6,8 @@ implicated is compared with a binomial draw at the fleet's rate for entities of 
 Old evidence decays with a half-life, and at least ``MIN_INCIDENTS`` incidents are required.
 
 The two tails (binomial upper tail, one-sided Fisher exact test) are written here rather than
-taken from scipy.stats: they are a few lines of log-space sums, and scipy with numpy would be
-about 100 MB installed on every server for them. tests/analysis/test_recurrence.py holds both
+taken from scipy.stats: they are a few lines of log-space sums, and scipy with numpy would put
+a compiled numerical stack on every server for them. tests/analysis/test_recurrence.py holds both
 to exact rational arithmetic (fractions) over generated tables.
 """
 
