@@ -32,6 +32,25 @@ def _rise(readings: list, name: str) -> int:
     return max(values) - min(values) if len(values) >= 2 else 0
 
 
+def _rate_per_s(readings: list, name: str) -> float:
+    """How fast a counter rose between the first and last timed readings (per second); 0 when
+    the readings carry no clock or span no time: a rise whose span is unknown is no rate."""
+    timed = [e for e in readings if getattr(e, name) is not None and e.at is not None]
+    if len(timed) < 2:
+        return 0.0
+    span = timed[-1].at - timed[0].at
+    return _rise(timed, name) / span if span > 0 else 0.0
+
+
+# Rates from NVIDIA DCGM's health limits (dcgmlib GpuHardwareLimits.h):
+#   DCGM_LIMIT_MAX_PCIREPLAY_RATE 8 — "8 replays per minute is the maximum recommended by RM";
+#   DCGM_LIMIT_MAX_LWLINK_CRC_ERROR 100.0 — "CRC errors only matter at rates of 100+ per
+#   second". The agent's nvlink_errors sums replay, recovery and both CRC counters, so the CRC
+#   limit (the most lenient of DCGM's NVLink limits) is the one a sum can be held to.
+MAX_PCIE_REPLAYS_PER_S = 8 / 60
+MAX_NVLINK_ERRORS_PER_S = 100.0
+
+
 def _gpu_error_counters(f: Facts) -> Match | None:
     hard, soft = [], []
     for (host, gpu), readings in _by_gpu(f).items():
@@ -39,10 +58,12 @@ def _gpu_error_counters(f: Facts) -> Match | None:
             hard.append((host, gpu, "row remapping pending or failed", readings))
         elif _rise(readings, "ecc_uncorrected") > 0:
             hard.append((host, gpu, "uncorrectable ECC errors rising", readings))
-        elif _rise(readings, "nvlink_errors") >= 100:
-            soft.append((host, gpu, f"NVLink errors +{_rise(readings, 'nvlink_errors')}", readings))
-        elif _rise(readings, "pcie_replay") >= 100:
-            soft.append((host, gpu, f"PCIe replays +{_rise(readings, 'pcie_replay')}", readings))
+        elif (rate := _rate_per_s(readings, "nvlink_errors")) > MAX_NVLINK_ERRORS_PER_S:
+            what = f"NVLink errors +{_rise(readings, 'nvlink_errors')} ({rate:.0f}/s)"
+            soft.append((host, gpu, what, readings))
+        elif (rate := _rate_per_s(readings, "pcie_replay")) > MAX_PCIE_REPLAYS_PER_S:
+            what = f"PCIe replays +{_rise(readings, 'pcie_replay')} ({rate * 60:.0f}/min)"
+            soft.append((host, gpu, what, readings))
     found = hard or soft
     if not found:
         return None

@@ -34,6 +34,7 @@ LOADER_KEYS = "config:num_workers,prefetch,prefetch_factor"
 
 IMPLICATES: dict[str, tuple[str, ...]] = {
     "gpu_hardware_fault": ("hardware_hosts",),
+    "pcie_link_replaying": ("hardware_hosts",),
     "rank_crashed_first": ("job_family_weak",),
     "collective_mismatch": ("job_family",),
     "watchdog_op_mismatch": ("job_family",),
@@ -81,6 +82,9 @@ _C10D = "PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
 BASIS: dict[str, str] = {
     "gpu_hardware_fault": "NVIDIA Xid catalog (primary Xids 48, 63, 64, 74, 79, 94, 95…); PCIe AER "
     "uncorrected errors (PCIe base spec); CUDA errors that name the device",
+    "pcie_link_replaying": "DCGM_LIMIT_MAX_PCIREPLAY_RATE (dcgmlib GpuHardwareLimits.h): '8 "
+    "replays per minute is the maximum recommended by RM'; a corrected Data Link/Physical Layer "
+    "error is a replay (PCIe base spec, Data Link Layer retry)",
     "rank_crashed_first": "torchelastic ChildFailedError root cause (first observed failure per "
     "agent); a survivor's timeout or lost peer is an echo, SIGABRT (-6) is the NCCL watchdog",
     "collective_mismatch": "TORCH_DISTRIBUTED_DEBUG=DETAIL collective fingerprint checks (c10d "

@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.1"
+RULESET_VERSION = "2026.11.26.2"
 NAME_THRESHOLD = 0.5
 
 
@@ -106,14 +106,55 @@ def _gpu_hardware(f: Facts) -> Match | None:
                 if getattr(e, "pci", "")
             )[:4],
         )
-    if len(corrected_aer) >= 3:
-        # A corrected-error storm on one link is a failing link even before it turns fatal.
+    return None
+
+
+def _pcie_link_replaying(f: Facts) -> Match | None:
+    """A GPU's PCIe link corrected errors faster than NVIDIA allows, in a job that failed: a
+    failing link, even before it turns fatal. Corrected errors lose no data and end no job, so
+    they explain a failure seen elsewhere, never make one."""
+    if not f.failed:
+        return None
+    storm = corrected_error_storm([e for e in f.of("pcie_aer") if e.severity == "corrected"])
+    if storm:
         return Match(
             confidence=0.55,
-            summary=f"{len(corrected_aer)} PCIe corrected errors on {corrected_aer[0].device}",
-            evidence=cite(corrected_aer, "pcie_aer"),
+            summary=(
+                f"{len(storm)} PCIe corrected errors within a minute on "
+                f"{storm[0].device or 'one device'} (more than {MAX_REPLAYS_PER_MINUTE} a minute "
+                "is a failing link)"
+            ),
+            evidence=cite(storm, "pcie_aer"),
         )
     return None
+
+
+# PCIe corrects a Data Link or Physical Layer error by replaying the packet (PCIe Base
+# Specification, Data Link Layer retry), so each corrected AER report stands for at least one
+# replay (the kernel rate-limits its reports: they undercount). NVIDIA's DCGM flags a GPU whose
+# link replays more than 8 times a minute ("8 replays per minute is the maximum recommended by
+# RM", DCGM_LIMIT_MAX_PCIREPLAY_RATE in dcgmlib's GpuHardwareLimits.h). A few corrected errors
+# spread over hours or days are what every healthy link logs now and then; a report without a
+# clock cannot be placed in a minute and counts for nothing.
+MAX_REPLAYS_PER_MINUTE = 8
+
+
+def corrected_error_storm(events: list) -> list:
+    """The corrected errors of the device whose reports exceed ``MAX_REPLAYS_PER_MINUTE`` within
+    some 60 s (per device and per line clock), or [] when none does."""
+    by_device: dict[tuple[str, str], list] = defaultdict(list)
+    for e in events:
+        if e.at is not None and e.clock:
+            by_device[(e.device, e.clock)].append(e)
+    for series in by_device.values():
+        series.sort(key=lambda e: e.at)
+        start = 0
+        for end, e in enumerate(series):
+            while e.at - series[start].at > 60.0:
+                start += 1
+            if end - start + 1 > MAX_REPLAYS_PER_MINUTE:
+                return series[start : end + 1]
+    return []
 
 
 def _crash_first(f: Facts) -> Match | None:
@@ -959,6 +1000,17 @@ RULES: tuple[Rule, ...] = (
         "it. Rerun the job on other hosts.",
         _gpu_hardware,
         marks_failure=True,
+    ),
+    Rule(
+        "pcie_link_replaying",
+        "A GPU's PCIe link corrected errors faster than NVIDIA's limit, in a job that failed",
+        ("pcie_aer",),
+        "bad_node_hardware",
+        0.55,
+        "Drain the host and check the link (`nvidia-smi -q -d PCIE` replay counters, `lspci -vv` "
+        "link width and speed against the slot's); reseat the GPU or riser, then run "
+        "`dcgmi diag -r 3` before returning it.",
+        _pcie_link_replaying,
     ),
     Rule(
         "rank_crashed_first",

@@ -35,6 +35,7 @@ EXPLAINING_KINDS = ("host", "gpu", "nic", "rack", "mount", "job_family")
 ROLES = {
     "lagging_rank": "ran the rank the others waited for",
     "gpu_hardware_fault": "had a GPU hardware fault",
+    "pcie_link_replaying": "had a GPU link replaying past NVIDIA's limit",
     "network_errors": "reported network errors",
     "socket_transport_multinode": "fell back to socket transport",
     "storage_stall": "stalled storage",

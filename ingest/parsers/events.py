@@ -410,6 +410,8 @@ class PcieAer(Event):
     device: str = ""  # the reporting port or device, "0000:00:03.0"
     severity: str = ""  # "corrected", "uncorrected_nonfatal", "uncorrected_fatal"
     error_type: str = ""  # "Data Link Layer", "Physical Layer", "Transaction Layer"
+    clock: str = ""  # the line's clock: "boot" (dmesg), "wall", "syslog" (no year); "" none
+    at: float | None = None  # seconds on that clock
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,13 +2,16 @@
 
 Lines arrive from ``dmesg`` (``[12345.678901] NVRM: …``, ``dmesg -T`` / ``-H`` timestamps),
 ``journalctl -k`` / syslog (``Mar 21 02:07:08 host kernel: NVRM: …``) or pasted nvidia-smi
-output; the timestamp is ignored, the message is matched anywhere in the line.
+output; the message is matched anywhere in the line. The line's clock is read where a rate
+matters (corrected PCIe errors): seconds since boot from ``dmesg``, wall time from ``dmesg -T``,
+syslog and ISO 8601 journals; each kind is kept apart, since their zeros differ.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 
 from .events import Event, GpuOffBus, GpuUnreachable, GpuXid, PcieAer
 from .lines import Line
@@ -150,6 +153,57 @@ _SMI_HANDLE = re.compile(
 )
 
 
+# Line clocks, at the start of the line (after a file label the agent may add):
+#   dmesg                 "[ 8123.456789] pcieport …"            seconds since boot
+#   dmesg -T              "[Tue Mar 12 04:11:09 2024] pcieport …"
+#   syslog / journalctl   "Mar 12 04:11:09 gpu-node-17 kernel: …" (no year)
+#   journalctl -o short-iso(-precise) "2024-03-12T04:11:09.123456+00:00 gpu-node-17 kernel: …"
+_BOOT_CLOCK = re.compile(r"^\s*\[\s*(\d+\.\d+)\]")
+_DMESG_T = re.compile(
+    r"^\s*\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.\d+)? (\d{4})\]"
+)
+_SYSLOG = re.compile(r"^\s*([A-Z][a-z]{2})\s+(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d+))?\s")
+_ISO = re.compile(r"^\s*(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)")
+_MONTH_NAMES = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
+
+
+def line_clock(text: str) -> tuple[str, float] | None:
+    """(kind, seconds) of a kernel line's timestamp: "boot" (dmesg), "wall" (dmesg -T, ISO),
+    "syslog" (month and day without a year). Seconds compare only within one kind."""
+    m = _BOOT_CLOCK.match(text)
+    if m:
+        return "boot", float(m.group(1))
+    m = _DMESG_T.match(text)
+    if m and m.group(1) in _MONTHS:
+        mon, day, hh, mm, ss, year = m.groups()
+        try:
+            when = datetime(int(year), _MONTHS[mon], int(day), int(hh), int(mm), int(ss))
+        except ValueError:
+            return None
+        return "wall", when.timestamp()
+    m = _ISO.match(text)
+    if m:
+        value = m.group(1).replace(" ", "T").replace("Z", "+00:00")
+        try:
+            return "wall", datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    m = _SYSLOG.match(text)
+    if m and m.group(1) in _MONTHS:
+        mon, day, hh, mm, ss, frac = m.groups()
+        if not 1 <= int(day) <= 31:
+            return None
+        days = _MONTH_START[_MONTHS[mon]] + int(day) - 1
+        seconds = days * 86400 + int(hh) * 3600 + int(mm) * 60 + int(ss)
+        return "syslog", seconds + (float("0." + frac) if frac else 0.0)
+    return None
+
+
+# Day of the year each month starts on (a leap year: syslog does not say which year it is).
+_MONTH_START = {i + 1: sum((31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)[:i]) for i in range(12)}
+
+
 def xid_info(code: int) -> XidCode:
     return XID_CODES.get(code, XidCode("", "unlisted Xid", False))
 
@@ -213,12 +267,15 @@ class KernelParser:
                     severity = "uncorrected_nonfatal"
                 else:
                     severity = "uncorrected_fatal"
+                clock = line_clock(line.text) or line_clock(text)
                 return [
                     PcieAer(
                         **ctx,
                         device=(m.group("dev") or "").lower(),
                         severity=severity,
                         error_type=m.group("type").strip(),
+                        clock=clock[0] if clock else "",
+                        at=clock[1] if clock else None,
                     )
                 ]
             return []

@@ -156,3 +156,52 @@ UNREACHABLE = [
 def test_gpus_the_driver_cannot_reach_are_reported(line, expected):
     (event,) = events(line, "gpu_unreachable")
     assert (event.pci, event.reason) == expected
+
+
+CLOCKS = [
+    ("[ 8123.456789] pcieport 0000:00:01.0: AER: Corrected error received", ("boot", 8123.456789)),
+    ("[12.5] x", ("boot", 12.5)),
+    # Day 71 of a leap year (syslog names no year), 04:11:09.
+    ("Mar 12 04:11:09 gpu-node-17 kernel: pcieport …", ("syslog", 71 * 86400 + 15069.0)),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), CLOCKS)
+def test_a_kernel_line_clock_is_read_in_its_own_kind(line, expected):
+    from ingest.parsers.kernel import line_clock
+
+    kind, seconds = line_clock(line)
+    assert (kind, seconds) == (expected[0], pytest.approx(expected[1]))
+
+
+def test_wall_clocks_of_dmesg_T_and_iso_journals_count_seconds_between_lines():
+    from ingest.parsers.kernel import line_clock
+
+    a = line_clock("[Tue Mar 12 04:11:09 2024] pcieport 0000:00:01.0: AER: …")
+    b = line_clock("[Tue Mar 12 04:12:10 2024] pcieport 0000:00:01.0: AER: …")
+    assert a[0] == b[0] == "wall" and b[1] - a[1] == 61
+    c = line_clock("2024-03-12T04:11:09.250000+00:00 gpu-node-17 kernel: pcieport …")
+    d = line_clock("2024-03-12T05:11:09.750000+01:00 gpu-node-17 kernel: pcieport …")
+    assert c[0] == d[0] == "wall" and d[1] - c[1] == pytest.approx(0.5)
+    e = line_clock("Feb 29 23:59:30 gpu-node-17 kernel: …")
+    f = line_clock("Mar  1 00:00:30.5 gpu-node-17 kernel: …")
+    assert e[0] == f[0] == "syslog" and f[1] - e[1] == pytest.approx(60.5)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["pcieport 0000:00:01.0: AER: x", "[abc] x", "Foo 12 04:11:09 host", "Feb 45 01:02:03 h "],
+)
+def test_a_line_without_a_clock_has_none(line):
+    from ingest.parsers.kernel import line_clock
+
+    assert line_clock(line) is None
+
+
+def test_an_aer_event_carries_its_line_clock():
+    (event,) = events(
+        "[ 8123.456789] pcieport 0000:00:01.0: PCIe Bus Error: severity=Corrected, "
+        "type=Physical Layer, (Receiver ID)",
+        "pcie_aer",
+    )
+    assert (event.clock, event.at) == ("boot", 8123.456789)
