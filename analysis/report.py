@@ -166,38 +166,51 @@ def _fingerprint_labels(fingerprints) -> dict[str, dict]:
     return out
 
 
-def _fixes(this: dict, before: dict, end: datetime) -> dict:
-    """Fixes recommended vs applied, and whether the culprit came back.
-
-    Incidents carry a recommended fix but no "fix applied" record yet. What exists is the
-    operator's host repair: a fingerprint whose strongest entity is a host counts as fixed
-    when that host was repaired after the fingerprint's first incident, and as *came back*
-    when an incident with the same fingerprint opened after the repair."""
-    recommended = {f for f in this["fingerprints"]}
-    labels = _fingerprint_labels(recommended | set(before["fingerprints"]))
-    recommended = {f for f in recommended if labels.get(f, {}).get("fix")}
-    applied, came_back = [], []
-    for fingerprint in recommended | set(before["fingerprints"]):
-        entity = labels.get(fingerprint, {}).get("entity", "")
-        if not entity.startswith("host:"):
-            continue
-        hostname = entity.removeprefix("host:")
+def _fix_applied_at(fingerprint: str, entity: str, end: datetime) -> datetime | None:
+    """When a cause's fix was first applied before ``end``: an operator marked an incident of
+    it "fix applied" (the incident page's workflow), or, for a cause whose strongest entity is a
+    host, that host was repaired after the cause's first incident. None when neither."""
+    marked = (
+        Incident.objects.filter(fingerprint=fingerprint, fix_applied_at__lt=end)
+        .order_by("fix_applied_at")
+        .values_list("fix_applied_at", flat=True)
+        .first()
+    )
+    repaired = None
+    if entity.startswith("host:"):
         first = (
             Incident.objects.filter(fingerprint=fingerprint)
             .order_by("opened_at")
             .values_list("opened_at", flat=True)
             .first()
         )
-        repair = (
-            HostRepair.objects.filter(host__hostname=hostname, at__gte=first, at__lt=end)
+        repaired = (
+            HostRepair.objects.filter(
+                host__hostname=entity.removeprefix("host:"), at__gte=first, at__lt=end
+            )
             .order_by("at")
+            .values_list("at", flat=True)
             .first()
         )
-        if repair is None:
+    return min((t for t in (marked, repaired) if t is not None), default=None)
+
+
+def _fixes(this: dict, before: dict, end: datetime) -> dict:
+    """Fixes recommended vs applied, and whether the culprit came back: a cause counts as fixed
+    once an operator marked one of its incidents "fix applied" or repaired the host it
+    implicates, and as *came back* when an incident of it opened after that."""
+    recommended = {f for f in this["fingerprints"]}
+    labels = _fingerprint_labels(recommended | set(before["fingerprints"]))
+    recommended = {f for f in recommended if labels.get(f, {}).get("fix")}
+    applied, came_back = [], []
+    for fingerprint in recommended | set(before["fingerprints"]):
+        entity = labels.get(fingerprint, {}).get("entity", "")
+        at = _fix_applied_at(fingerprint, entity, end)
+        if at is None:
             continue
         applied.append(fingerprint)
         if Incident.objects.filter(
-            fingerprint=fingerprint, opened_at__gt=repair.at, opened_at__lt=end
+            fingerprint=fingerprint, opened_at__gt=at, opened_at__lt=end
         ).exists():
             came_back.append(fingerprint)
     last_week = set(before["fingerprints"])
@@ -208,8 +221,8 @@ def _fixes(this: dict, before: dict, end: datetime) -> dict:
         "last_week_causes": len(last_week),
         "last_week_causes_recurred": len(last_week & set(this["fingerprints"])),
         "note": (
-            "Incidents record a recommended fix, not whether it was applied; 'applied' counts "
-            "host repairs made after a cause's first incident (the only applied fix recorded)."
+            "'Applied' counts causes an operator marked 'fix applied' on an incident, or whose "
+            "host was repaired after the cause first appeared."
         ),
     }
 
@@ -246,6 +259,11 @@ def weekly_report_numbers(week: str, now: datetime | None = None) -> dict:
             }
         )
     fixes = _fixes(this, before, end)
+    # A week Fleetwatch saw nothing of (no attempt ran, no incident) is no baseline: "+53 on the
+    # week before" against an empty week would be a change that never happened.
+    before_has_data = bool(before["incidents"]) or any(
+        row["attempts"] for row in before["mtbi_by_size"]
+    )
     changes = {
         "incidents": this["incidents"] - before["incidents"],
         "gpu_hours_lost": round(this["gpu_hours_lost"] - before["gpu_hours_lost"], 1),
@@ -257,7 +275,7 @@ def weekly_report_numbers(week: str, now: datetime | None = None) -> dict:
         },
     }
     public = {k: v for k, v in this.items() if k not in ("fingerprints", "incident_rows")}
-    return {
+    numbers = {
         "week": week,
         "starts_at": start.isoformat(),
         "ends_at": end.isoformat(),
@@ -272,9 +290,56 @@ def weekly_report_numbers(week: str, now: datetime | None = None) -> dict:
             "by_culprit": before["by_culprit"],
             "hosts_drained": len(before["hosts_drained"]),
             "hosts_repaired": len(before["hosts_repaired"]),
+            "has_data": before_has_data,
         },
-        "changes": changes,
+        "changes": changes if before_has_data else None,
     }
+    numbers["summary"] = summary_sentences(numbers)
+    return numbers
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def summary_sentences(n: dict) -> list[str]:
+    """What a reader needs first, in sentences: the page, the PDF and the email open with it."""
+    total = n["incidents"]
+    if n["changes"] is None:
+        versus = "; Fleetwatch has no data for the week before"
+    else:
+        delta = n["changes"]["incidents"]
+        versus = (
+            f", {abs(delta)} {'more' if delta > 0 else 'fewer'} than the week before"
+            if (delta)
+            else ", as many as the week before"
+        )
+    out = [
+        f"{_plural(total, 'incident')} cost {n['gpu_hours_lost']} GPU-hours{versus}."
+        if total
+        else f"No incidents{versus}."
+    ]
+    if total:
+        leading = sorted(n["by_culprit"].items(), key=lambda kv: -kv[1])
+        culprit, count = leading[0]
+        out.append(f"The leading cause was {culprit.replace('_', ' ')} ({count} of {total}).")
+    if n["top_recurring"]:
+        top = n["top_recurring"][0]
+        where = f" on {top['entity'].split(':', 1)[-1]}" if top["entity"] else ""
+        out.append(
+            f"The most recurrent: {top['culprit'].replace('_', ' ')}{where}, "
+            f"{_plural(top['count'], 'incident')} this week."
+        )
+    drained, repaired = len(n["hosts_drained"]), len(n["hosts_repaired"])
+    if drained or repaired:
+        out.append(f"{_plural(drained, 'host')} drained, {repaired} repaired.")
+    fixes = n["fixes"]
+    if fixes["recommended"] or fixes["applied"]:
+        out.append(
+            f"Fixes applied for {fixes['applied']} of {_plural(fixes['recommended'], 'cause')} "
+            f"with a recommended fix; {fixes['came_back']} came back after the fix."
+        )
+    return out
 
 
 # --- charts (inline SVG: the page, the PDF and the email need no script) -----------------------
@@ -369,9 +434,8 @@ def _summary_text(n: dict) -> str:
         f"Fleetwatch weekly reliability report, {n['week']}"
         + (" (partial: built before the week ended)" if n["partial"] else ""),
         "",
-        f"Incidents: {n['incidents']} ({n['changes']['incidents']:+d} on the week before)",
-        f"GPU-hours lost: {n['gpu_hours_lost']} ({n['changes']['gpu_hours_lost']:+})",
-        f"Hosts drained: {len(n['hosts_drained'])}; repaired: {len(n['hosts_repaired'])}",
+        *n["summary"],
+        "",
         "By culprit: " + (", ".join(f"{c} {k}" for c, k in n["by_culprit"].items()) or "none"),
         "",
         "The full report (charts, recurring culprits, fixes) is attached as HTML and PDF.",

@@ -8,7 +8,7 @@ import hmac
 from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -176,13 +176,23 @@ def metrics(request):
 
 @login_required
 def report_list(request):
-    rows = WeeklyReport.objects.filter(status=WeeklyReport.Status.READY)
-    items = "".join(
-        f'<li><a href="{r.week}/">{r.week}</a> built {r.built_at:%Y-%m-%d %H:%M}'
-        f"{' (rebuilt)' if r.rebuilds else ''}</li>"
+    """The archived weekly reports, newest first, each with its headline and its PDF."""
+    rows = WeeklyReport.objects.filter(status=WeeklyReport.Status.READY).defer("html")
+    reports = [
+        {
+            "week": r.week,
+            "starts_at": r.starts_at,
+            "ends_at": r.ends_at,
+            "built_at": r.built_at,
+            "rebuilt": len(r.rebuilds or []),
+            "incidents": (r.numbers or {}).get("incidents"),
+            "gpu_hours_lost": (r.numbers or {}).get("gpu_hours_lost"),
+            "headline": ((r.numbers or {}).get("summary") or [""])[0],
+            "has_pdf": bool(r.pdf),
+        }
         for r in rows
-    )
-    return HttpResponse(f"<!doctype html><title>Weekly reports</title><ul>{items}</ul>")
+    ]
+    return render(request, "fleet/report_list.html", {"reports": reports})
 
 
 @login_required

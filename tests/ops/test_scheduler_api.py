@@ -165,6 +165,15 @@ def test_report_pages_need_a_login(client, django_user_model):
     client.force_login(user)
     page = client.get("/reports/2026-W47/")
     assert page.status_code == 200 and b"archived report" in page.content
-    assert b"2026-W47" in client.get("/reports/").content
+    listing = client.get("/reports/")
+    assert listing.status_code == 200 and b"2026-W47" in listing.content
+    assert b'href="/reports/"' in listing.content  # in the nav, in the site's own page
+    assert b"2026-W47.pdf" not in listing.content  # no PDF link where none was built
     assert client.get("/reports/2026-W48/").status_code == 404
     assert client.get("/reports/2026-W47.pdf").status_code == 404  # built without a PDF
+
+
+def test_the_report_list_says_when_there_is_none_yet(client, django_user_model):
+    client.force_login(django_user_model.objects.create_user("sre", password="pw-long-enough"))
+    page = client.get("/reports/")
+    assert page.status_code == 200 and b"No weekly report yet" in page.content

@@ -78,9 +78,51 @@ def test_numbers_of_a_known_week(week):
     fixes = n["fixes"]
     assert (fixes["recommended"], fixes["applied"], fixes["came_back"]) == (2, 1, 1)
     assert (fixes["last_week_causes"], fixes["last_week_causes_recurred"]) == (1, 1)
-    assert n["previous"]["incidents"] == 1
+    assert n["previous"]["incidents"] == 1 and n["previous"]["has_data"] is True
     assert n["changes"]["incidents"] == 3
     assert n["changes"]["by_culprit"] == {"bad_node_hardware": 2, "storage_io": 1}
+    assert n["summary"] == [
+        "4 incidents cost 240.0 GPU-hours, 3 more than the week before.",
+        "The leading cause was bad node hardware (3 of 4).",
+        "The most recurrent: bad node hardware on gpu-a, 3 incidents this week.",
+        "1 host drained, 1 repaired.",
+        "Fixes applied for 1 of 2 causes with a recommended fix; 1 came back after the fix.",
+    ]
+
+
+def test_a_fix_marked_applied_on_an_incident_counts_and_its_return_is_seen(week):
+    from analysis.models import Incident
+    from analysis.services import incident_fix_applied
+
+    # The storage cause (fp-b) implicates no host: only the incident workflow can mark it.
+    before = report.weekly_report_numbers("2026-W47", now=AFTER)["fixes"]
+    storage = Incident.objects.get(fingerprint="fp-b")
+    assert incident_fix_applied(storage, by="sre", now=storage.opened_at + timedelta(hours=1))
+    after = report.weekly_report_numbers("2026-W47", now=AFTER)["fixes"]
+    assert (after["applied"], after["came_back"]) == (before["applied"] + 1, before["came_back"])
+    incident_on(
+        "gpu-b",
+        job="big-again",
+        culprit="storage_io",
+        started=storage.opened_at + timedelta(hours=5),
+        rule_id="storage_stall",
+        fingerprint="fp-b",
+    )
+    again = report.weekly_report_numbers("2026-W47", now=AFTER)["fixes"]
+    assert again["came_back"] == before["came_back"] + 1
+
+
+def test_no_change_is_claimed_against_a_week_without_data(db, settings):
+    # Only W47 has anything: W46 is before Fleetwatch saw this fleet.
+    incident_on("gpu-c", job="only", started=MONDAY + timedelta(hours=3), fingerprint="fp-c")
+    n = report.weekly_report_numbers("2026-W47", now=AFTER)
+    assert n["previous"]["has_data"] is False and n["changes"] is None
+    assert n["summary"][0] == (
+        "1 incident cost 16.0 GPU-hours; Fleetwatch has no data for the week before."
+    )
+    html = report.weekly_report_html(n)
+    assert "vs week before" not in html and "no data the week before" in html
+    assert "+1" not in html
 
 
 def test_build_archives_mails_and_refuses_a_silent_rebuild(week, settings, tmp_path):
@@ -100,7 +142,8 @@ def test_build_archives_mails_and_refuses_a_silent_rebuild(week, settings, tmp_p
     assert pdf.startswith(b"%PDF")
     (message,) = mail.outbox
     assert message.to == ["sre@example.com", "owner@example.com"]
-    assert "2026-W47" in message.subject and "Incidents: 4 (+3" in message.body
+    assert "2026-W47" in message.subject
+    assert "4 incidents cost 240.0 GPU-hours, 3 more than the week before." in message.body
     assert [a[0] for a in message.attachments] == ["fleetwatch-2026-W47.pdf"]
     assert message.alternatives[0][1] == "text/html"
     assert built.emailed_to == settings.FLEETWATCH_REPORT_EMAILS
