@@ -8,6 +8,7 @@ report the timeout are usually innocent.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from collections import defaultdict
@@ -280,8 +281,33 @@ def recent_growth(values: list[float]) -> float:
     return statistics.fmean(values[-MIN_STEPS:]) / base if base > 0 else 1.0
 
 
+def _group_local_numbers(events: list[Event]) -> set[int]:
+    """Rank numbers that two processes printed for themselves on the watchdog's own "[Rank N]"
+    (no launcher prefix, no process group named). ProcessGroupNCCL prints the rank *inside the
+    timed-out group* there (its ``rank_``), so under tensor or data parallel subgroups rank 0 of
+    each group says "[Rank 0]". One process reports a work's timeout once (a wrapper repeats the
+    same line), so the same number with the same SeqNum but another op, size or "ran for" is a
+    second process: these numbers are not global ranks."""
+    seen: dict[tuple[int, int | None], set[tuple]] = defaultdict(set)
+    for e in events:
+        if isinstance(e, WatchdogTimeout) and e.rank_from == "watchdog" and e.pg is None:
+            seen[(e.rank, e.seq)].add((e.op, e.numel_in, e.ran_for_ms))
+    return {rank for (rank, _), works in seen.items() if len(works) > 1}
+
+
 def gather(events: Iterable[Event], context: IncidentContext) -> Facts:
-    facts = Facts(events=list(events), context=context)
+    events = list(events)
+    ambiguous = _group_local_numbers(events)
+    if ambiguous:
+        # Which global rank printed each of them is unknown: they count as timeouts of some
+        # rank, never as a rank's own (nor, by their absence, as another rank's silence).
+        events = [
+            dataclasses.replace(e, rank=None)
+            if isinstance(e, WatchdogTimeout) and e.rank_from == "watchdog" and e.pg is None
+            else e
+            for e in events
+        ]
+    facts = Facts(events=events, context=context)
     # PyTorch 2.4 prints the timeout with a bare "[Rank 0]" and the progress line that follows
     # with "[PG 37 Rank 0]": the progress line tells which group the timed-out work was on.
     pg_of_failure = {

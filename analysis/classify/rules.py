@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.2"
+RULESET_VERSION = "2026.11.26.3"
 NAME_THRESHOLD = 0.5
 
 
@@ -832,8 +832,25 @@ def _old_stack(f: Facts) -> Match | None:
     )
 
 
+def _recovered_within(stall, recoveries: list, limit_s: float | None) -> bool:
+    """The same server answered again (``nfs: server X OK``), by the same clock, sooner than
+    the collective timeout after the stall began: a rank blocked on it resumed before any peer
+    could have waited the whole timeout, so the stall cannot be the wait that expired."""
+    if not limit_s or stall.at is None or not stall.clock:
+        return False
+    return any(
+        r.mount == stall.mount
+        and r.clock == stall.clock
+        and r.at is not None
+        and 0 <= r.at - stall.at < limit_s
+        for r in recoveries
+    )
+
+
 def _storage_stall(f: Facts) -> Match | None:
-    stalls = f.of("storage_stall")
+    recoveries = f.of("storage_recovered")
+    limit_s = f.collective_limit_s()
+    stalls = [s for s in f.of("storage_stall") if not _recovered_within(s, recoveries, limit_s)]
     if not stalls:
         return None
     mounts = sorted({s.mount for s in stalls if s.mount})

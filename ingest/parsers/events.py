@@ -48,6 +48,10 @@ class WatchdogTimeout(Event):
     numel_out: int | None = None
     timeout_ms: int | None = None
     ran_for_ms: int | None = None
+    # Where ``rank`` was read: "launcher" (a "[rank3]:" or srun prefix: the global rank),
+    # "watchdog" (the line's own "[Rank 3]", which is the rank inside the timed-out process
+    # group; global only on the default group), "" (stored before this was recorded).
+    rank_from: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

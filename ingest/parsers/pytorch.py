@@ -142,11 +142,14 @@ class PytorchParser:
         fields = {k: v for k, v in _KV.findall(m.group("body"))}
         pg, pg_rank = self._pg(text)
         follow(DESYNC_FOLLOW)
+        rank = self._rank(pre, line.text, pg, pg_rank)
+        launcher = pre.rank is not None or _INLINE_RANK.search(line.text) is not None
         return [
             WatchdogTimeout(
                 line=line.number,
                 text=line.text if text == pre.rest else text[:2000],
-                rank=self._rank(pre, line.text, pg, pg_rank),
+                rank=rank,
+                rank_from="" if rank is None else "launcher" if launcher else "watchdog",
                 pg=pg,
                 pg_rank=pg_rank,
                 seq=_int(fields.get("SeqNum")),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from .events import Event, register
+from .kernel import line_clock
 from .lines import Line
 from .prefix import Prefix
 
@@ -25,6 +26,19 @@ class StorageStall(Event):
     kind: ClassVar[str] = "storage_stall"
     signature: str = ""
     mount: str = ""  # server or mount point when the line names it
+    clock: str = ""  # the kernel line's clock (kernel.line_clock): "boot", "wall", "syslog"
+    at: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageRecovered(Event):
+    """The storage answered again: ``nfs: server fs01 OK`` after ``not responding``."""
+
+    kind: ClassVar[str] = "storage_recovered"
+    signature: str = ""
+    mount: str = ""
+    clock: str = ""
+    at: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +51,7 @@ class KnownSignature(Event):
 
 
 register(StorageStall)
+register(StorageRecovered)
 register(KnownSignature)
 
 
@@ -51,12 +66,19 @@ class Signature:
 
 
 STORAGE = (
-    # Linux NFS client (all kernels): "nfs: server fs01 not responding, still trying"
+    # Linux NFS client (all kernels, fs/nfs/client.c and sunrpc): "nfs: server fs01 not
+    # responding, still trying" (or "…, timed out"), and "nfs: server fs01 OK" once it answers.
     Signature(
         "nfs_not_responding",
-        b"not responding",
+        b"nfs: server",
         re.compile(r"nfs: server (?P<mount>\S+) not responding"),
         StorageStall,
+    ),
+    Signature(
+        "nfs_ok",
+        b"nfs: server",
+        re.compile(r"nfs: server (?P<mount>\S+) OK\b"),
+        StorageRecovered,
     ),
     # Linux hung-task detector: "INFO: task python:1234 blocked for more than 120 seconds."
     Signature(
@@ -150,15 +172,18 @@ class SignatureParser:
             m = sig.pattern.search(text)
             if not m:
                 continue
-            if sig.event is StorageStall:
+            if sig.event is StorageStall or sig.event is StorageRecovered:
                 mount = (m.groupdict().get("mount") or "")[:200]
+                clock = line_clock(line.text) or line_clock(text)
                 return [
-                    StorageStall(
+                    sig.event(
                         line=line.number,
                         text=line.text,
                         rank=pre.rank,
                         signature=sig.id,
                         mount=mount,
+                        clock=clock[0] if clock else "",
+                        at=clock[1] if clock else None,
                     )
                 ]
             return [

@@ -8,7 +8,10 @@ the crash) became the build_mismatch rule's rank. A fourth (a full disk, disk_fu
 6 before anything changed; the miss (torch.save's writer error, which names no errno) became part
 of the disk_full rule. A fifth (DataLoader workers outnumbering the host's CPUs, loader_cores-*)
 scored 4 of 8 before anything changed; the misses were ways of printing the worker count, the
-processes per host and the CPUs that were not read, and a silent rank read as a desync."""
+processes per host and the CPUs that were not read, and a silent rank read as a desync. A sixth
+(a GPU's PCIe link correcting errors faster than NVIDIA's limit, pcie_link-*) scored 6 of 8
+before anything changed; the misses were the watchdog's group-local "[Rank N]" read as global
+ranks (a desync by absence) and an NFS stall that had answered again within seconds."""
 
 import json
 from pathlib import Path

@@ -386,3 +386,85 @@ def test_past_the_event_bound_the_logs_end_is_kept_and_the_drop_is_said():
     assert "dropped" in parsed.issues[0].message
     assert parsed.of_kind("gpu_xid") and parsed.of_kind("watchdog_timeout")
     assert classify(parsed.events).culprit == "bad_node_hardware"
+
+
+def old_watchdog(rank: int, seq: int, numel: int, ran_ms: int) -> str:
+    """torch 2.1: no launcher prefix, no process group named, "[Rank N]" the group's rank."""
+    return (
+        f"[E ProcessGroupNCCL.cpp:475] [Rank {rank}] Watchdog caught collective operation "
+        f"timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, "
+        f"Timeout(ms)=180000) ran for {ran_ms} milliseconds before timing out.\n"
+    )
+
+
+def test_a_watchdog_rank_two_processes_print_is_a_group_rank_and_accuses_no_one_by_absence():
+    # Tensor-parallel groups of 4 on 16 ranks, every rank's log here: each group's rank 0 says
+    # "[Rank 0]". Read as global ranks, "[Rank 0-3]" would make ranks 4-15 silent.
+    text = "".join(
+        old_watchdog(r, 715431, 8388608, 180100 + 37 * g + r) for g in range(4) for r in range(4)
+    )
+    verdict = verdict_of(text, IncidentContext(ranks_uploaded=frozenset(range(16))))
+    assert not any(m.rule_id == "rank_left_early" for m in verdict.matches)
+    assert rank_suspects(verdict) == []
+
+
+def test_one_process_repeating_its_own_watchdog_line_keeps_its_rank():
+    line = old_watchdog(2, 85, 1677721600, 180177)
+    # The watchdog's line, then the same text inside "terminated with exception" and what():
+    text = (
+        line
+        + line.replace(
+            "Watchdog caught",
+            "NCCL watchdog thread terminated with exception: [Rank 2] Watchdog caught",
+        )
+        + line
+    )
+    parsed = parse_log(text.encode()).of_kind("watchdog_timeout")
+    assert {e.rank_from for e in parsed} == {"watchdog"}
+    from analysis.classify.facts import _group_local_numbers
+
+    assert _group_local_numbers(list(parsed)) == set()
+    assert _group_local_numbers(
+        list(
+            parse_log(old_watchdog(2, 85, 8, 180300).encode() + text.encode()).of_kind(
+                "watchdog_timeout"
+            )
+        )
+    ) == {2}
+
+
+def test_a_launcher_prefix_names_the_global_rank_whatever_the_watchdog_says():
+    (event,) = parse_log(watchdog(5, 19).encode()).of_kind("watchdog_timeout")
+    assert (event.rank, event.rank_from) == (5, "launcher")
+
+
+NFS_TIMEOUT = (
+    "[E ProcessGroupNCCL.cpp:821] [Rank 6] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=62541, OpType=ALLREDUCE, Timeout(ms)=300000) ran for 300130 milliseconds "
+    "before timing out.\n"
+)
+
+
+def nfs(at: str, what: str) -> str:
+    return f"[Thu Oct 19 {at} 2023] nfs: server nas02 {what}\n"
+
+
+def test_an_nfs_stall_that_answered_again_within_the_timeout_is_not_the_wait():
+    text = nfs("09:46:58", "not responding, still trying") + nfs("09:47:12", "OK") + NFS_TIMEOUT
+    verdict = verdict_of(text)
+    assert not any(m.rule_id == "storage_stall" for m in verdict.matches)
+
+
+def test_an_nfs_stall_longer_than_the_timeout_or_never_over_is_the_storage():
+    longer = nfs("09:46:58", "not responding, still trying") + nfs("09:58:12", "OK") + NFS_TIMEOUT
+    never = nfs("09:46:58", "not responding, still trying") + NFS_TIMEOUT
+    unclocked = (
+        "nfs: server nas02 not responding, still trying\nnfs: server nas02 OK\n" + NFS_TIMEOUT
+    )
+    other = (
+        nfs("09:46:58", "not responding, still trying")
+        + nfs("09:47:12", "OK").replace("nas02", "nas07")
+        + NFS_TIMEOUT
+    )
+    for text in (longer, never, unclocked, other):
+        assert verdict_of(text).culprit == "storage_io", text
