@@ -52,6 +52,7 @@ HARDWARE_EVENT_KINDS = (
     "nccl_ib_error",
     "nccl_ib_call_failed",
     "storage_stall",
+    "storage_recovered",
     "host_oom_kill",
 )
 TIMELINE_EVENT_KINDS = ("watchdog_timeout", "work_progress", "heartbeat_timeout", "desync_report")
