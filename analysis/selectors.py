@@ -644,10 +644,19 @@ def artifact_window(
     window: deque = deque()
     number = 0
     at_end = False
+    # The parse's line index: the latest line known to start at or before ``first``, and where.
+    start_line, start_offset = 1, 0
+    for entry in upload.line_index or ():
+        if isinstance(entry, list | tuple) and len(entry) == 2 and 1 <= entry[0] <= first:
+            start_line, start_offset = int(entry[0]), int(entry[1])
     with upload.blob.open("rb") as raw:
         head = raw.read(2)
         raw.seek(0)
         reader = gzip.GzipFile(fileobj=raw) if head == GZIP_MAGIC else raw
+        if start_offset:
+            # Plain files seek at once; gzip inflates up to the offset in C, not line by line.
+            reader.seek(start_offset)
+            number = start_line - 1
         while number < last:
             chunk = reader.readline(max_chars + 1)
             if not chunk:

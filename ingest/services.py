@@ -349,6 +349,7 @@ def _parse_claimed(upload_id: int) -> None:
             status=Upload.Status.FAILED if unreadable else Upload.Status.PARSED,
             parsed_at=now,
             line_count=result.lines,
+            line_index=[list(entry) for entry in result.line_index],
             event_count=len(rows),
             ranks=ranks,
             error=storable_text(problems[:4000]),

@@ -19,6 +19,8 @@ from typing import BinaryIO
 GZIP_MAGIC = b"\x1f\x8b"
 NEAR = 512  # bytes searched with bytes.find after a hit before falling back to memmem
 CHUNK_SIZE = 4 << 20
+# Line-index entries kept per stream, one per block: 16 GiB of log at the default block size.
+MAX_INDEX_ENTRIES = 4096
 MAX_LINE = 16 * 1024
 # Bytes of an enormous line repeated at the start of its next piece: longer than any trigger.
 PIECE_OVERLAP = 256
@@ -290,6 +292,9 @@ class LineScanner:
         self._skip = skip
         self._shapes = tuple(sorted((shapes or {}).items()))
         self.lines_seen = 0
+        # (line number, stream offset where that line starts) once per block: a sparse index
+        # that lets a reader of the same stream seek near line N instead of counting to it.
+        self.line_index: list[tuple[int, int]] = []
 
     def follow(self, lines: int) -> None:
         self._follow = max(self._follow, lines)
@@ -398,6 +403,10 @@ class LineScanner:
             # Count each byte once: what the hits above have not counted yet.
             ends_line = chunk[hi - 1 : hi] == b"\n"
             base = line_no + chunk.count(b"\n", counted_to, hi)
+            last_end = chunk.rfind(b"\n", lo, hi)
+            if last_end >= 0 and len(self.line_index) < MAX_INDEX_ENTRIES:
+                # No line ends after last_end in this block: the next one is line base + 1.
+                self.line_index.append((base + 1, offset + last_end + 1 - lo))
             offset += hi - lo
             open_line = pos >= hi and not ends_line
             self.lines_seen = base + (0 if ends_line else 1)

@@ -108,6 +108,8 @@ class LogParse:
     dropped_events: int = 0
     folded_lines: int = 0  # exact repeats counted, not parsed (see NcclParser.skip_raw)
     complete: bool = True  # False when the input was cut off (truncated gzip)
+    # (line, offset of its first byte in the decompressed stream), one per scanned block
+    line_index: tuple[tuple[int, int], ...] = ()
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e.kind == kind]
@@ -275,4 +277,5 @@ def parse_log(
         dropped_events=out.dropped,
         folded_lines=folded,
         complete=complete,
+        line_index=tuple(scanner.line_index),
     )

@@ -112,3 +112,9 @@ def test_a_ten_million_line_log_goes_through_the_upload_api_whole(upload, ten_mi
     assert row.status == "parsed" and row.compressed
     assert row.line_count == 10_000_001
     assert Event.objects.get(upload=row, kind="watchdog_timeout").line == 10_000_001
+    # The parse left its line index: the artifact page of the last line seeks near it.
+    assert len(row.line_index) >= 10 and row.line_index[-1][0] > 9_000_000
+    from analysis.selectors import artifact_window
+
+    window = artifact_window(row, 10_000_001)
+    assert window.lines[-1][0] == 10_000_001 and "Watchdog caught" in window.lines[-1][1]
