@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from django.conf import settings
@@ -18,6 +19,8 @@ from fleet.models import Attempt
 from ingest.models import Event, Upload
 from ingest.parsers.events import event_from_row
 from ingest.services import artifact_requests_for_incident, task_publish
+
+log = logging.getLogger(__name__)
 
 # Events read per incident at most: a pathological log cannot make classification unbounded.
 MAX_EVENTS_PER_ATTEMPT = 200_000
@@ -100,11 +103,42 @@ def attempt_claim_for_classify(attempt_id: int, now) -> bool:
     )
 
 
+# A classification run that ended with its worker (killed for memory or time, crashed) is
+# taken over once its lease lapses; the same events would end the next worker the same way.
+MAX_CLASSIFY_TRIES = 3
+
+
+def attempt_classify_begin(attempt_id: int, now) -> bool:
+    """Count a classification run of the attempt; False (and the attempt given up, saying why)
+    when MAX_CLASSIFY_TRIES runs have begun since the last that finished."""
+    began = Attempt.objects.filter(pk=attempt_id, classify_tries__lt=MAX_CLASSIFY_TRIES).update(
+        classify_tries=F("classify_tries") + 1
+    )
+    if began:
+        return True
+    given_up = Attempt.objects.filter(pk=attempt_id).update(
+        classified_at=now,
+        classify_claimed_at=None,
+        classify_error=(
+            f"the classification never finished: {MAX_CLASSIFY_TRIES} runs each ended with their "
+            "worker (killed for memory or time, or crashed); not tried again until a new upload "
+            "of the attempt is parsed. The uploads and their events are kept."
+        ),
+    )
+    if given_up:
+        log.error(
+            "attempt %s: its classification took %d workers down", attempt_id, MAX_CLASSIFY_TRIES
+        )
+    return False
+
+
 def attempt_classify_done(attempt_id: int, claimed_at) -> None:
     """The classification claimed at ``claimed_at`` is stored: the attempt counts as classified
     as of then, and the claim is released. Uploads parsed while it ran are newer than what it
     read: their own classification was refused by the claim, so one is published now."""
-    Attempt.objects.filter(pk=attempt_id).update(classified_at=claimed_at, classify_claimed_at=None)
+    Attempt.objects.filter(pk=attempt_id).update(
+        classified_at=claimed_at, classify_claimed_at=None, classify_tries=0, classify_error=""
+    )
     if Attempt.objects.filter(pk=attempt_id, last_parsed_at__gt=claimed_at).exists():
         task_publish(
             "analysis.tasks.attempt_classify",

@@ -34,6 +34,10 @@ def attempt_classify(self, attempt_id: int, takeover: bool = False, complete: bo
         # the incident is unique on its attempt.
         if not (claimed or takeover or redelivered(self)):
             return
+        if not takeover and not services.attempt_classify_begin(attempt_id, now):
+            # Runs before this one each took their worker down (a retry after a database error,
+            # ``takeover``, reported back and does not count).
+            return
         try:
             services.incident_classify(attempt, now)
         except DATABASE_TRANSIENT:

@@ -84,6 +84,11 @@ class Attempt(models.Model):
     classify_claimed_at = models.DateTimeField(null=True, blank=True)
     # When the sweep last re-published its classification (see Upload.published_at).
     classify_published_at = models.DateTimeField(null=True, blank=True)
+    # Classification runs begun since the last that finished: one that keeps taking its worker
+    # down (memory, the time limit) stops at MAX_CLASSIFY_TRIES with classify_error saying so,
+    # instead of killing a worker per sweep for ever.
+    classify_tries = models.PositiveSmallIntegerField(default=0)
+    classify_error = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-started_at"]

@@ -354,7 +354,8 @@ def _parse_claimed(upload_id: int) -> None:
             ranks=ranks,
             error=storable_text(problems[:4000]),
         )
-        Attempt.objects.filter(pk=upload.attempt_id).update(last_parsed_at=now)
+        # New events: a classification that gave up on the old ones may try again in full.
+        Attempt.objects.filter(pk=upload.attempt_id).update(last_parsed_at=now, classify_tries=0)
         transaction.on_commit(partial(attempt_classify_soon, upload.attempt_id))
         if unreadable:
             transaction.on_commit(partial(upload_failed_notify, upload_id))

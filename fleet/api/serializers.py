@@ -17,7 +17,15 @@ class HostSerializer(serializers.ModelSerializer):
 class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = Attempt
-        fields = ["id", "number", "status", "started_at", "ended_at", "world_size"]
+        fields = [
+            "id",
+            "number",
+            "status",
+            "started_at",
+            "ended_at",
+            "world_size",
+            "classify_error",
+        ]
 
 
 class AttemptReportSerializer(serializers.Serializer):

@@ -1,5 +1,6 @@
 """The classify task: waits for an attempt's uploads to settle, claims, is safe to run twice."""
 
+import contextlib
 from datetime import timedelta
 
 import pytest
@@ -155,3 +156,56 @@ def test_later_evidence_revises_the_verdict_only_when_culprit_or_ranks_change(up
     if len(final) == 2:  # the lagging rank's own log changed who is suspected
         assert final[1]["cause"].startswith("changed after") and "of rank 3" in final[1]["cause"]
         assert final[1]["ranks"] != first[0]["ranks"] or final[1]["culprit"] != first[0]["culprit"]
+
+
+class _WorkerDied(BaseException):
+    """What a killed worker looks like from inside the task: it never returns."""
+
+
+def test_a_classification_that_keeps_taking_its_worker_down_stops_and_says_why(upload, monkeypatch):
+    upload(rank_log(JOB, 0), job=JOB.job, rank=0)
+    attempt = Attempt.objects.get()
+    Incident.objects.all().delete()
+    runs = []
+
+    def dies(attempt, now=None):
+        runs.append(now)
+        raise _WorkerDied
+
+    monkeypatch.setattr(services, "incident_classify", dies)
+    for _ in range(services.MAX_CLASSIFY_TRIES + 2):
+        # Each run dies holding the claim; the sweep hands the attempt on once the lease lapsed.
+        Attempt.objects.filter(pk=attempt.pk).update(
+            classified_at=None, classify_claimed_at=timezone.now() - timedelta(hours=1)
+        )
+        with contextlib.suppress(_WorkerDied):
+            attempt_classify(attempt.pk)
+    assert len(runs) == services.MAX_CLASSIFY_TRIES
+    attempt.refresh_from_db()
+    assert "never finished" in attempt.classify_error and attempt.classify_claimed_at is None
+    assert not Attempt.objects.filter(services.attempt_unclassified(), pk=attempt.pk).exists()
+
+    # A new upload of the attempt is new evidence: a full budget again, and a run that finishes
+    # clears the error.
+    monkeypatch.undo()
+    upload(rank_log(JOB, 1), job=JOB.job, rank=1)
+    attempt.refresh_from_db()
+    assert (attempt.classify_tries, attempt.classify_error) == (0, "")
+    assert Incident.objects.filter(attempt=attempt).exists()
+
+
+def test_a_retry_after_a_database_error_does_not_spend_a_try(upload):
+    # The retry (takeover) follows a run that reported back: that run was counted, this one is
+    # not, so a budget spent by dead workers still lets the retry through.
+    upload(rank_log(JOB, 0), job=JOB.job, rank=0)
+    attempt = Attempt.objects.get()
+    Incident.objects.all().delete()
+    Attempt.objects.filter(pk=attempt.pk).update(
+        classified_at=None,
+        classify_claimed_at=timezone.now(),
+        classify_tries=services.MAX_CLASSIFY_TRIES,
+    )
+    attempt_classify(attempt.pk, takeover=True)
+    assert Incident.objects.filter(attempt=attempt).exists()
+    attempt.refresh_from_db()
+    assert (attempt.classify_tries, attempt.classify_claimed_at) == (0, None)
