@@ -310,3 +310,61 @@ def hosts_health(now: datetime | None = None) -> list:
         judged.get(h.hostname) or HostHealth(h.hostname, "ok", 0.0, [], [], repairs.get(h.pk))
         for h in hosts
     ]
+
+
+# Readers that many clients poll (``/metrics`` scrapers, schedulers polling the health list) share
+# one computation per state of its inputs: the implications, repairs and scores behind it, and
+# the time within HEALTH_SHARED_SECONDS (an implication ages out of the window without a new row).
+# While the inputs stand still a request costs a few aggregate queries and a cache read, however
+# many hosts are implicated; one request recomputes when they move, the others meanwhile read the
+# last result.
+HEALTH_SHARED_SECONDS = 60
+_HEALTH_KEY = "fleetwatch:hosts-health"
+
+
+def _health_inputs(now: datetime) -> str:
+    from django.db.models import Count, Max
+
+    from analysis.models import CulpritScore
+
+    implications = Implication.objects.aggregate(n=Count("id"), last=Max("id"), at=Max("at"))
+    repairs = HostRepair.objects.aggregate(n=Count("id"), last=Max("id"))
+    hosts = Host.objects.aggregate(n=Count("id"), last=Max("id"))
+    scores = CulpritScore.objects.filter(entity__kind="host").aggregate(
+        n=Count("id"), at=Max("computed_at")
+    )
+    bucket = int(now.timestamp() // HEALTH_SHARED_SECONDS)
+    return repr((implications, repairs, hosts, scores, bucket))
+
+
+def hosts_health_shared(now: datetime | None = None) -> list:
+    """``hosts_health``, computed once per state of its inputs and shared by every reader."""
+    import hashlib
+
+    from django.core.cache import cache
+
+    from analysis.memory import HostHealth
+
+    now = now or timezone.now()
+    inputs = hashlib.sha256(_health_inputs(now).encode()).hexdigest()[:16]
+    stored = cache.get(_HEALTH_KEY)
+    if stored and stored.get("inputs") == inputs:
+        return [HostHealth(**row) for row in stored["hosts"]]
+    if stored and not cache.add(f"{_HEALTH_KEY}:computing", 1, timeout=HEALTH_SHARED_SECONDS):
+        # Another request is computing this state: the last one is at most a minute behind.
+        return [HostHealth(**row) for row in stored["hosts"]]
+    every = hosts_health(now)
+    cache.set(
+        _HEALTH_KEY,
+        {"inputs": inputs, "hosts": [vars(h) for h in every]},
+        timeout=24 * 3600,
+    )
+    cache.delete(f"{_HEALTH_KEY}:computing")
+    return every
+
+
+def forget_shared_health() -> None:
+    """Drop the shared result (a database replaced under the cache: tests, a restore)."""
+    from django.core.cache import cache
+
+    cache.delete_many([_HEALTH_KEY, f"{_HEALTH_KEY}:computing"])

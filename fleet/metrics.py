@@ -62,7 +62,7 @@ def celery_queue_depth() -> dict[str, int] | None:
 class FleetCollector:
     def collect(self):
         from analysis.models import DrainAction, Incident, IncidentRevision
-        from fleet.drain import hosts_health
+        from fleet.drain import hosts_health_shared
         from ingest.models import Upload
 
         now = timezone.now()
@@ -96,7 +96,7 @@ class FleetCollector:
         )
 
         hosts = GaugeMetricFamily("fleetwatch_hosts", "Hosts by health verdict", labels=["verdict"])
-        every = hosts_health(now)
+        every = hosts_health_shared(now)
         for verdict in ("ok", "watch", "drain"):
             hosts.add_metric([verdict], sum(1 for h in every if h.verdict == verdict))
         yield hosts

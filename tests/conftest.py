@@ -38,6 +38,17 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(autouse=True)
+def _shared_health_forgotten(request):
+    """Each test's database starts afresh, its row ids too: a host health shared by an earlier
+    test's rows must not answer for this one's."""
+    if _uses_db(request.node, request.fixturenames):
+        from fleet.drain import forget_shared_health
+
+        forget_shared_health()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _tasks_run_in_process(request):
     """Tasks run eagerly (and raise) in tests, on both passes; the Redis-worker tests opt out.
     Pure tests (no database) are left alone: they must not even import Django."""

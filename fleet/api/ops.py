@@ -58,7 +58,7 @@ class HealthListView(APIView):
         verdict = request.query_params.get("verdict", "")
         if verdict and verdict not in VERDICTS:
             raise ValidationError({"verdict": [f"one of {', '.join(VERDICTS)}"]})
-        every = drain.hosts_health()
+        every = drain.hosts_health_shared()
         counts = {v: sum(1 for h in every if h.verdict == v) for v in VERDICTS}
         chosen = [h for h in every if not verdict or h.verdict == verdict]
         return Response(

@@ -257,3 +257,29 @@ def test_a_reclassified_incident_lowers_no_counter(client):
     # The current count moved between culprits: a gauge, which may go down.
     gauge = ("fleetwatch_incidents_by_culprit", (("culprit", "bad_node_hardware"),))
     assert (before[gauge], after[gauge]) == (1, 0)
+
+
+def test_host_health_is_computed_once_per_state_of_its_inputs_and_shared(
+    client, django_assert_max_num_queries
+):
+    from fleet import drain
+    from fleet.models import Host
+
+    for n in range(30):
+        incident_on(f"gpu-{n:02d}", job=f"j{n}", fingerprint=f"fp-{n}")
+    Host.objects.create(hostname="gpu-fine")
+    first = drain.hosts_health_shared()
+    assert first == drain.hosts_health()
+    # Nothing moved: the shared result, a handful of aggregate queries whatever the hosts.
+    with django_assert_max_num_queries(4):
+        again = drain.hosts_health_shared()
+    assert again == first
+    with django_assert_max_num_queries(4 + 20):  # the rest of the scrape, hosts read shared
+        client.get("/metrics")
+    # A new implication, a repair: the next reader sees them.
+    incident_on("gpu-new", job="j-new", fingerprint="fp-new")
+    assert "gpu-new" in {h.hostname for h in drain.hosts_health_shared() if h.verdict == "drain"}
+    from analysis.memory import host_repaired
+
+    host_repaired(Host.objects.get(hostname="gpu-new"))
+    assert {h.hostname: h.verdict for h in drain.hosts_health_shared()}["gpu-new"] == "ok"
