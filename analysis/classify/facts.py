@@ -295,8 +295,38 @@ def _group_local_numbers(events: list[Event]) -> set[int]:
     return {rank for (rank, _), works in seen.items() if len(works) > 1}
 
 
+# What a kernel log says about the host's hardware and storage. Lines before the log's last boot
+# banner describe a previous boot: a GPU that fell off the bus then was reset by the reboot, and
+# a job that ran after it never met that fault.
+KERNEL_KINDS = frozenset(
+    {
+        "gpu_xid",
+        "gpu_off_bus",
+        "gpu_unreachable",
+        "pcie_aer",
+        "storage_stall",
+        "storage_recovered",
+        "host_oom_kill",
+    }
+)
+
+
+def _since_last_boot(events: list[Event]) -> list[Event]:
+    boots: dict[str, int] = {}
+    for e in events:
+        if e.kind == "kernel_boot":
+            boots[e.source] = max(boots.get(e.source, 0), e.line)
+    if not boots:
+        return events
+    return [
+        e
+        for e in events
+        if not (e.kind in KERNEL_KINDS and e.source in boots and e.line < boots[e.source])
+    ]
+
+
 def gather(events: Iterable[Event], context: IncidentContext) -> Facts:
-    events = list(events)
+    events = _since_last_boot(list(events))
     ambiguous = _group_local_numbers(events)
     if ambiguous:
         # Which global rank printed each of them is unknown: they count as timeouts of some

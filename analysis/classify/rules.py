@@ -29,7 +29,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.3"
+RULESET_VERSION = "2026.11.26.4"
 NAME_THRESHOLD = 0.5
 
 
@@ -158,7 +158,7 @@ def corrected_error_storm(events: list) -> list:
 
 
 def _crash_first(f: Facts) -> Match | None:
-    oom = f.of("cuda_oom") + [e for e in f.of("host_oom_kill") if e.oom]
+    oom = f.of("cuda_oom") + _job_oom_kills(f)
     # A CUDA error whose own line is a known library signature ("CUDA driver version is
     # insufficient for CUDA runtime version") is the software stack's, not a crash's: the entry
     # in the knowledge base names it.
@@ -226,6 +226,24 @@ def _crash_first(f: Facts) -> Match | None:
             evidence=cite(killed, "sigkill"),
         )
     return None
+
+
+# Python's own process names, and PyTorch's: since 2.x the main thread names itself
+# "pt_main_thread" (c10::setThreadName), which is what the OOM killer then prints as the comm.
+_TRAINING_PROCESS = re.compile(r"^(?:python[\d.]*|pt_\w+|torchrun|deepspeed|accelerate)$")
+
+
+def _job_oom_kills(f: Facts) -> list:
+    """The kernel's OOM killer (the host's memory or a container's cgroup limit) ending one of
+    the job's processes: a pid the job's own lines name (the launcher's failure table, a worker
+    that died), or a Python/PyTorch process. A kill of anything else on the node is the node's
+    business, not this job's crash."""
+    pids = {e.pid for e in f.of("worker_failed") + f.of("failure_record") if e.pid}
+    return [
+        e
+        for e in f.of("host_oom_kill")
+        if (e.pid and e.pid in pids) or _TRAINING_PROCESS.match(e.process or "")
+    ]
 
 
 def _remote_close_echoes(f: Facts, exceptions: list) -> list:
@@ -305,7 +323,7 @@ def _network_errors(f: Facts) -> Match | None:
     ib = [e for e in f.of("nccl_ib_error") if not e.follow_on]
     calls = f.of("nccl_ib_call_failed")
     connect = f.of("nccl_connect_failed")
-    if f.of("cuda_oom") or f.of("host_oom_kill"):
+    if f.of("cuda_oom") or _job_oom_kills(f):
         return None  # network errors after a rank died are its echo
     strong = ib + calls + connect
     if not strong:

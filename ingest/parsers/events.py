@@ -407,6 +407,14 @@ class GpuOffBus(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KernelBoot(Event):
+    """The kernel's boot banner (``Linux version 5.15.0-119-generic (buildd@…) …``): what a
+    kernel log says before it happened a previous boot of the host."""
+
+    kind: ClassVar[str] = "kernel_boot"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PcieAer(Event):
     """``PCIe Bus Error: severity=Corrected, type=Data Link Layer`` (kernel AER driver)."""
 
@@ -569,6 +577,7 @@ for _cls in (
     GpuXid,
     GpuOffBus,
     PcieAer,
+    KernelBoot,
     GpuUnreachable,
     WorkerFailed,
     FailureRecord,

@@ -13,13 +13,13 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from .events import Event, GpuOffBus, GpuUnreachable, GpuXid, PcieAer
+from .events import Event, GpuOffBus, GpuUnreachable, GpuXid, KernelBoot, PcieAer
 from .lines import Line
 from .prefix import Prefix
 
 # "NVRM" covers every driver line; AER and nvidia-smi errors say "Error". nvidia-smi's
 # "device handle … GPU is lost" has neither, and lives in small files: the head is enough.
-TRIGGERS: tuple[bytes, ...] = (b"NVRM", b"Error")
+TRIGGERS: tuple[bytes, ...] = (b"NVRM", b"Error", b"Linux version")
 HEAD_TRIGGERS: tuple[bytes, ...] = (b"device handle",)
 
 
@@ -153,6 +153,10 @@ _SMI_HANDLE = re.compile(
 )
 
 
+# The banner every Linux kernel prints first at boot (init/version.c linux_banner):
+# "Linux version 5.15.0-119-generic (buildd@lcy02-amd64-075) (gcc …) #129-Ubuntu SMP …".
+_BOOT = re.compile(r"\bLinux version \d+\.\d+\S* \(")
+
 # Line clocks, at the start of the line (after a file label the agent may add):
 #   dmesg                 "[ 8123.456789] pcieport …"            seconds since boot
 #   dmesg -T              "[Tue Mar 12 04:11:09 2024] pcieport …"
@@ -224,6 +228,8 @@ class KernelParser:
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest
         ctx = {"line": line.number, "text": line.text, "rank": pre.rank}
+        if "Linux version" in text and _BOOT.search(text):
+            return [KernelBoot(**ctx)]
         if "NVRM" in text:
             if "Xid" in text:
                 m = _XID.search(text)

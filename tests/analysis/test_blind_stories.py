@@ -11,7 +11,11 @@ scored 4 of 8 before anything changed; the misses were ways of printing the work
 processes per host and the CPUs that were not read, and a silent rank read as a desync. A sixth
 (a GPU's PCIe link correcting errors faster than NVIDIA's limit, pcie_link-*) scored 6 of 8
 before anything changed; the misses were the watchdog's group-local "[Rank N]" read as global
-ranks (a desync by absence) and an NFS stall that had answered again within seconds."""
+ranks (a desync by absence) and an NFS stall that had answered again within seconds. A seventh
+(GPU Xid faults and their look-alikes, gpu_xid-*) scored 6 of 8 before anything changed: a host
+OOM kill made classification fail outright, and an Xid from before the node's reboot was read as
+this job's. An eighth (jobs that ended cleanly among alarming lines, healthy_noisy-*) scored 8
+of 8."""
 
 import json
 from pathlib import Path

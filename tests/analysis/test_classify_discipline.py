@@ -468,3 +468,33 @@ def test_an_nfs_stall_longer_than_the_timeout_or_never_over_is_the_storage():
     )
     for text in (longer, never, unclocked, other):
         assert verdict_of(text).culprit == "storage_io", text
+
+
+OOM_KILL = (
+    "[1204233.517467] Out of memory: Killed process 2811043 (pt_main_thread) "
+    "total-vm:249516080kB, anon-rss:65676212kB, file-rss:92112kB, shmem-rss:0kB, UID:1004\n"
+)
+
+
+def test_the_oom_killer_ending_a_training_process_is_the_crash():
+    # Read since the first parser; until 2026.11.26.4 the rule asked the event for a field it
+    # never had, and any log holding the kill failed to classify.
+    text = OOM_KILL + "".join(watchdog(r, 19) for r in (1, 2, 3))
+    verdict = verdict_of(text)
+    assert verdict.culprit == "oom_or_crash"
+
+
+def test_the_oom_killer_ending_a_process_that_is_not_the_jobs_accuses_nothing():
+    text = OOM_KILL.replace("pt_main_thread", "java") + "".join(watchdog(r, 19) for r in (1, 2, 3))
+    assert verdict_of(text).culprit != "oom_or_crash"
+
+
+def test_kernel_lines_of_a_previous_boot_say_nothing_about_this_job():
+    xid = "[812088.402125] NVRM: Xid (PCI:0000:c1:00): 79, pid=0, GPU has fallen off the bus.\n"
+    boot = (
+        "[    0.000000] Linux version 5.15.0-119-generic (buildd@lcy02-amd64-075) (gcc (Ubuntu "
+        "11.4.0-1ubuntu1~22.04) 11.4.0, GNU ld (GNU Binutils for Ubuntu) 2.38) #129-Ubuntu SMP\n"
+    )
+    timeouts = "".join(watchdog(r, 19) for r in (1, 2, 3))
+    assert verdict_of(xid + boot + timeouts).culprit != "bad_node_hardware"
+    assert verdict_of(boot + xid + timeouts).culprit == "bad_node_hardware"
