@@ -20,6 +20,7 @@ from ingest.parsers.events import DumpSignal, Event, WatchdogTimeout, WorkProgre
 from .model import IncidentContext
 
 DEFAULT_PG = "0"
+FAULT_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"})
 GROWTH = 1.5  # the later steps over the earlier ones: "step time grows"
 
 
@@ -192,7 +193,22 @@ class Facts:
     def group_of(self, timeout: WatchdogTimeout) -> str:
         return self.timeout_groups.get(id(timeout)) or _pg_key(timeout.pg)
 
+    def died_on_its_own(self) -> list:
+        """Workers that ended without anyone of the job ending them: a fault signal the process
+        raised on itself (SIGSEGV, SIGBUS, SIGILL, SIGFPE: the kernel delivers them on a bad
+        memory access or instruction), or SIGKILL from outside the job (the OOM killer, the
+        scheduler) — not the one torchrun sends a worker it already asked to stop with SIGTERM.
+        SIGABRT is left out: ProcessGroupNCCL's watchdog aborts a process after its timeout."""
+        stopped = {e.pid for e in self.of("agent_signal") if e.pid}
+        return [
+            e
+            for e in self.of("worker_failed") + self.of("failure_record")
+            if e.signal in FAULT_SIGNALS or (e.signal == "SIGKILL" and e.pid not in stopped)
+        ]
+
     def has_crash_or_hardware(self) -> bool:
+        if self.died_on_its_own():
+            return True
         kinds = (
             "cuda_oom",
             "host_oom_kill",

@@ -20,6 +20,7 @@ from ingest.parsers.signatures import known_issues
 from .facts import (
     DATA_BOUND_SHARE,
     DEFAULT_PG,
+    FAULT_SIGNALS,
     GROWTH,
     MIN_STEPS,
     Facts,
@@ -29,7 +30,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.4"
+RULESET_VERSION = "2026.11.26.5"
 NAME_THRESHOLD = 0.5
 
 
@@ -164,8 +165,9 @@ def _crash_first(f: Facts) -> Match | None:
     # in the knowledge base names it.
     known = {(e.line, e.text) for e in f.of("known_signature")}
     cuda = [e for e in f.of("cuda_error") if not e.hardware and (e.line, e.text) not in known]
-    killed = [e for e in f.of("worker_failed") if e.signal == "SIGKILL"]
-    killed += [e for e in f.of("failure_record") if e.signal == "SIGKILL"]
+    died = f.died_on_its_own()
+    killed = [e for e in died if e.signal == "SIGKILL"]
+    faulted = [e for e in died if e.signal in FAULT_SIGNALS]
     exceptions = f.of("python_exception")
     echoes = _remote_close_echoes(f, exceptions)
     errors = [
@@ -219,6 +221,17 @@ def _crash_first(f: Facts) -> Match | None:
             evidence=cite(errors + closed, "crash"),
             suspects=_rank_suspects(errors, f"raised {first.exc_type}"),
         )
+    if faulted:
+        first = faulted[0]
+        return Match(
+            confidence=0.75,
+            summary=(
+                f"{'rank ' + str(first.rank) if first.rank is not None else 'a worker'} died of "
+                f"{first.signal} (a fault in native code: a crash of its own, not a timeout)"
+            ),
+            evidence=cite(faulted + closed, "fault_signal"),
+            suspects=_rank_suspects(faulted, f"died of {first.signal}"),
+        )
     if killed:
         return Match(
             confidence=0.6,
@@ -269,15 +282,17 @@ def _first_to_die(f: Facts, errors: list):
     Each host's torchrun prints its own "Root Cause (first observed failure)": the first rank
     *of that host* to exit, which on gloo is often a survivor whose collective timed out or lost
     its peer (exit code 1 too). So a root cause counts only with positive evidence that the rank
-    died by itself: an exception of its own that is neither a timeout nor a lost peer, or a kill
-    (SIGKILL, -9). SIGABRT (-6) is the NCCL watchdog taking a process down after a timeout
-    (ProcessGroupNCCL's "taking the entire process down"). Of several, the earliest wins."""
+    died by itself: an exception of its own that is neither a timeout nor a lost peer, a fault
+    signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE), or a kill (SIGKILL, -9). SIGABRT (-6) is the NCCL
+    watchdog taking a process down after a timeout (ProcessGroupNCCL's "taking the entire
+    process down"). Of several, the earliest wins."""
     raised = {e.rank for e in errors if e.rank is not None}
     roots = [r for r in f.of("failure_record") if r.root_cause and r.rank is not None]
     killed = {
         r.rank
         for r in f.of("failure_record")
-        if r.rank is not None and (r.signal == "SIGKILL" or r.exitcode == -9)
+        if r.rank is not None
+        and (r.signal in FAULT_SIGNALS or r.signal == "SIGKILL" or r.exitcode == -9)
     }
     for record in sorted(roots, key=lambda r: r.time or "~"):  # undated ones last
         if record.rank in killed or (record.exitcode == 1 and record.rank in raised):
@@ -357,19 +372,20 @@ def _network_errors(f: Facts) -> Match | None:
 
 
 def _bootstrap_socket_failed(f: Facts) -> Match | None:
-    """NCCL's return trace shows a system error inside its bootstrap. The bootstrap exchanges
-    the ranks' addresses over TCP sockets on NCCL_SOCKET_IFNAME before any transport exists
-    (NCCL bootstrap.cc; ncclSystemError is "a system call failed"), so the ranks could not reach
-    each other there: an interface that does not route between the hosts, a blocked port, a
-    hostname resolving elsewhere. A rank that crashed or ran out of memory closes its sockets
-    too: then the crash is the cause, and this rule stays silent."""
+    """NCCL's return trace shows a system or remote error inside its bootstrap. The bootstrap
+    exchanges the ranks' addresses over TCP sockets on NCCL_SOCKET_IFNAME before any transport
+    exists (NCCL bootstrap.cc; ncclSystemError is "a system call failed", ncclRemoteError a
+    connect that ran out of retries), so the ranks could not reach each other there: an
+    interface that does not route between the hosts, a blocked port, a hostname resolving
+    elsewhere. A rank that crashed or ran out of memory closes its sockets too: then the crash
+    is the cause, and this rule stays silent."""
     failed = f.of("nccl_bootstrap_failed")
     if not failed or f.has_crash_or_hardware():
         return None
     hosts = sorted({e.host for e in failed if e.host})
     return Match(
         summary=(
-            "NCCL's bootstrap failed in a socket call (ncclSystemError from bootstrap.cc"
+            "NCCL's bootstrap failed in a socket call (a system or remote error from bootstrap.cc"
             + (f" on {', '.join(hosts[:3])}" if hosts else "")
             + "): the ranks could not reach each other over the bootstrap interface"
         ),

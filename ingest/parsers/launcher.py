@@ -39,6 +39,7 @@ TRIGGERS: tuple[bytes, ...] = (
     b"Killed",
     b"Error",
     b"CUDA out of memory",
+    b"exits with return code",
 )
 
 # Signals by number, with what they usually mean for a training worker.
@@ -77,6 +78,11 @@ def signal_name(exitcode: int | None) -> str:
 _WORKER_FAILED = re.compile(
     r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
 )
+# DeepSpeed's launcher (deepspeed/launcher/launch.py sigkill_handler), once a worker exited
+# non-zero: "[…, '--local_rank=7', …] exits with return code = -9". The code is the failed
+# worker's; the command printed is the last one the launcher built, whichever worker failed, so
+# it names no rank.
+_DS_EXIT = re.compile(r"\] exits with return code = (?P<code>-?\d+)")
 # 1.9+: "Sending process 48099 closing signal SIGTERM".
 _CLOSING = re.compile(r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG[A-Z]+)")
 # Kernel OOM killer:
@@ -137,6 +143,7 @@ _RDZV_TYPES = ("DistStoreError", "Rendezvous", "DistNetworkError")
 
 # A line without any of these cannot be one of ours (the NCCL INFO lines that reach every parser).
 _WORDS = (
+    "exits with return code",
     "exitcode",
     "closing signal",
     "Traceback",
@@ -231,6 +238,20 @@ class LauncherParser:
                         **ctx,
                         local_rank=int(m.group("local")),
                         pid=int(m.group("pid")),
+                        exitcode=code,
+                        signal=signal_name(code),
+                    )
+                ]
+        if "exits with return code" in text:
+            m = _DS_EXIT.search(text)
+            if m:
+                code = int(m.group("code"))
+                # The srun/launcher prefix of a node's launcher is no rank of the job.
+                return [
+                    WorkerFailed(
+                        line=line.number,
+                        text=line.text,
+                        rank=None,
                         exitcode=code,
                         signal=signal_name(code),
                     )

@@ -55,6 +55,13 @@ TRIGGERS: tuple[bytes, ...] = (
 # NCCL's return trace ("<file>:<line> -> <ncclResult_t>"), through bootstrap.cc/.cu.
 _BOOTSTRAP_TRACE = re.compile(r"\bbootstrap\.cc?u?:\d+ -> (?P<code>\d+)")
 NCCL_SYSTEM_ERROR = 2  # ncclResult_t ncclSystemError (nccl.h): a system call failed
+# ncclRemoteError (nccl.h, 2.13+): "A call failed possibly due to a network error or a remote
+# process exiting". From 2.19 NCCL's socket layer returns it when a connect exceeds its retries
+# (misc/socket.cc socketPollConnect "exceeded timeouts"); inside the bootstrap no transport
+# exists yet, so the network it names is the bootstrap's sockets (a peer that died is read from
+# its own crash, which then outranks this).
+NCCL_REMOTE_ERROR = 6
+BOOTSTRAP_SOCKET_ERRORS = (NCCL_SYSTEM_ERROR, NCCL_REMOTE_ERROR)
 
 # ibv_wc_status (libibverbs <infiniband/verbs.h>) → name, meaning, and whether it is usually a
 # follow-on (the queue pair was already in error because of an earlier failure).
@@ -254,7 +261,7 @@ class NcclParser:
 
     def _bootstrap_trace(self, line: Line, pre: Prefix, text: str) -> list[Event]:
         m = _BOOTSTRAP_TRACE.search(text)
-        if not m or int(m.group("code")) != NCCL_SYSTEM_ERROR:
+        if not m or int(m.group("code")) not in BOOTSTRAP_SOCKET_ERRORS:
             return []
         head = _HEADER.search(text)
         host, dev = (head.group("host"), int(head.group("dev"))) if head else ("", None)
@@ -270,7 +277,7 @@ class NcclParser:
                 rank=pre.rank,
                 host=host,
                 local_rank=dev,
-                code=NCCL_SYSTEM_ERROR,
+                code=int(m.group("code")),
             )
         ]
 

@@ -40,25 +40,28 @@ class Prefix:
     rank: int | None
     local_rank: int | None
     rest: str
+    # The srun/mpirun task id when it is what ``rank`` was read from: the global rank when the
+    # launcher starts one task per rank, a node's index when it starts one launcher per node.
+    task: int | None = None
 
 
 def split_prefix(text: str) -> Prefix:
-    rank = local_rank = None
+    rank = local_rank = task = None
     pos = 0
     for _ in range(6):  # a bounded number of nested prefixes
         m = _PREFIXES.match(text, pos)
         if not m or m.end() == pos:
             break
         if m.group("rank") is not None:
-            rank = int(m.group("rank"))
+            rank, task = int(m.group("rank")), None
         elif m.group("local") is not None:
             local_rank = int(m.group("local"))
         elif m.group("srun") is not None and rank is None:
-            rank = int(m.group("srun"))
+            rank = task = int(m.group("srun"))
         elif m.group("mpi") is not None and rank is None:
-            rank = int(m.group("mpi"))
+            rank = task = int(m.group("mpi"))
         pos = m.end()
-    return Prefix(rank, local_rank, text[pos:])
+    return Prefix(rank, local_rank, text[pos:], task)
 
 
 # A rank's own file is usually named for it: rank3.log, rank_3.txt, worker-rank-3.out, r3.log,

@@ -142,14 +142,13 @@ class PytorchParser:
         fields = {k: v for k, v in _KV.findall(m.group("body"))}
         pg, pg_rank = self._pg(text)
         follow(DESYNC_FOLLOW)
-        rank = self._rank(pre, line.text, pg, pg_rank)
-        launcher = pre.rank is not None or _INLINE_RANK.search(line.text) is not None
+        rank, rank_from = self._rank_and_source(pre, line.text, pg, pg_rank)
         return [
             WatchdogTimeout(
                 line=line.number,
                 text=line.text if text == pre.rest else text[:2000],
                 rank=rank,
-                rank_from="" if rank is None else "launcher" if launcher else "watchdog",
+                rank_from=rank_from,
                 pg=pg,
                 pg_rank=pg_rank,
                 seq=_int(fields.get("SeqNum")),
@@ -169,15 +168,31 @@ class PytorchParser:
         return pg, int(m.group("pg_rank"))
 
     def _rank(self, pre: Prefix, text: str, pg: str | None, pg_rank: int | None) -> int | None:
+        return self._rank_and_source(pre, text, pg, pg_rank)[0]
+
+    def _rank_and_source(
+        self, pre: Prefix, text: str, pg: str | None, pg_rank: int | None
+    ) -> tuple[int | None, str]:
+        default_group = pg in (None, "0", "default_pg")
         if pre.rank is not None:
-            return pre.rank
+            if (
+                pre.task is not None
+                and default_group
+                and pg_rank is not None
+                and pg_rank > pre.task
+            ):
+                # An srun/mpirun task id below the rank the watchdog names: torch.distributed
+                # sorts a group's ranks (new_group), so a process's rank in any group is at most
+                # its global rank, and this task is a node's launcher, not rank pre.task.
+                return pg_rank, "watchdog"
+            return pre.rank, "launcher"
         m = _INLINE_RANK.search(text)
         if m:
-            return int(m.group(1))
+            return int(m.group(1)), "launcher"
         # Without a launcher prefix, the PG rank is the global rank only on the default group.
-        if pg in (None, "0", "default_pg"):
-            return pg_rank
-        return None
+        if default_group and pg_rank is not None:
+            return pg_rank, "watchdog"
+        return None, ""
 
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest

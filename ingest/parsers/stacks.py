@@ -106,6 +106,8 @@ class StackParser:
                 rank=pre.rank,
                 thread=thread,
                 frames=tuple(f"{func} ({path})" for func, path in frames[:MAX_FRAMES]),
-                waits_on_data=waits_on_data(frames),
+                # The main thread's wait is the rank's; a helper thread (pin_memory, a loader's
+                # feeder) waits on its queue by design, whatever the rank does.
+                waits_on_data=thread in ("MainThread", "current") and waits_on_data(frames),
             )
         ]

@@ -498,3 +498,74 @@ def test_kernel_lines_of_a_previous_boot_say_nothing_about_this_job():
     timeouts = "".join(watchdog(r, 19) for r in (1, 2, 3))
     assert verdict_of(xid + boot + timeouts).culprit != "bad_node_hardware"
     assert verdict_of(boot + xid + timeouts).culprit == "bad_node_hardware"
+
+
+def test_an_srun_task_id_below_the_rank_the_watchdog_names_is_a_node_not_a_rank():
+    # srun --label in front of a node's torchrun: task 3 printing global rank 31's timeout.
+    line = (
+        "3: [E ProcessGroupNCCL.cpp:475] [Rank 31] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=102407, OpType=ALLREDUCE, NumelIn=6553600, NumelOut=6553600, "
+        "Timeout(ms)=1800000) ran for 1800795 milliseconds before timing out.\n"
+    )
+    (event,) = parse_log(line.encode()).of_kind("watchdog_timeout")
+    assert (event.rank, event.rank_from) == (31, "watchdog")
+    # One task per rank: the task id is the rank, and agrees with the watchdog's.
+    (same,) = parse_log(line.replace("3: ", "31: ").encode()).of_kind("watchdog_timeout")
+    assert (same.rank, same.rank_from) == (31, "launcher")
+
+
+def test_deepspeeds_launcher_exit_code_is_a_worker_that_died():
+    line = (
+        "0: [2024-07-16 22:20:56,729] [ERROR] [launch.py:325:sigkill_handler] ['/opt/conda/bin/"
+        "python', '-u', 'train.py', '--local_rank=7'] exits with return code = -9\n"
+    )
+    (event,) = parse_log(line.encode()).of_kind("worker_failed")
+    # The command printed is the last one the launcher built: it names no rank.
+    assert (event.exitcode, event.signal, event.rank) == (-9, "SIGKILL", None)
+    verdict = verdict_of(line + "".join(watchdog(r, 19) for r in (8, 9, 10)))
+    assert verdict.culprit == "oom_or_crash"
+    assert not any(m.rule_id == "rank_left_early" for m in verdict.matches)
+
+
+def test_a_worker_that_died_of_a_fault_signal_crashed_on_its_own():
+    table = (
+        "E1104 12:00:01.000000 140 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+        "(exitcode: -11) local_rank: 2 (pid: 4811) of binary: /usr/bin/python3\n"
+    )
+    verdict = verdict_of(table + "".join(watchdog(r, 19) for r in (0, 1, 3)))
+    assert verdict.culprit == "oom_or_crash" and "SIGSEGV" in verdict.summary
+    # SIGABRT is the watchdog's own doing after a timeout: no crash.
+    aborted = verdict_of(table.replace("-11", "-6") + "".join(watchdog(r, 19) for r in (0, 1, 3)))
+    assert aborted.culprit != "oom_or_crash"
+
+
+def test_a_helper_threads_wait_in_a_crash_dump_is_not_the_rank_waiting_on_data():
+    dump = (
+        "[rank6]:Fatal Python error: Segmentation fault\n"
+        "[rank6]:\n"
+        "[rank6]:Thread 0x00007f5c3affd640 (most recent call first):\n"
+        '[rank6]:  File "/opt/conda/lib/python3.10/selectors.py", line 416 in select\n'
+        '[rank6]:  File "/opt/conda/lib/python3.10/multiprocessing/connection.py", line 931 '
+        "in wait\n"
+        '[rank6]:  File "/opt/conda/lib/python3.10/site-packages/torch/utils/data/_utils/'
+        'pin_memory.py", line 28 in do_one_step\n'
+        "[rank6]:\n"
+        "[rank6]:Current thread 0x00007f5f9b4b4740 (most recent call first):\n"
+        '[rank6]:  File "/work/ops/knn.py", line 40 in forward\n'
+    )
+    samples = parse_log(dump.encode()).of_kind("stack_sample")
+    assert [(s.thread, s.waits_on_data) for s in samples] == [("thread", False), ("current", False)]
+
+
+def test_a_bootstrap_connect_that_ran_out_of_retries_is_the_bootstrap_failing():
+    trace = (
+        "ip-172-31-27-91:8814:8914 [2] misc/socket.cc:525 NCCL WARN socketPollConnect: exceeded "
+        "timeouts (3)\n"
+        "ip-172-31-27-91:8814:8914 [2] NCCL INFO misc/socket.cc:570 -> 6\n"
+        "ip-172-31-27-91:8814:8914 [2] NCCL INFO bootstrap.cc:275 -> 6\n"
+    )
+    (event,) = parse_log(trace.encode()).of_kind("nccl_bootstrap_failed")
+    assert event.code == 6
+    assert verdict_of(trace).culprit == "network_transport"
+    # Another return code (an invalid argument, 4) through the bootstrap is no socket failure.
+    assert not parse_log(trace.replace("-> 6", "-> 4").encode()).of_kind("nccl_bootstrap_failed")
