@@ -31,6 +31,7 @@ from django.db.models import (
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from analysis.attempts import upload_source_names
 from analysis.models import CulpritScore, Implication, Incident
 from fleet.models import Attempt, Host, Job, RankPlacement
 from ingest.models import Event, Upload
@@ -117,7 +118,9 @@ def incident_get(pk: int) -> Incident:
 def incident_evidence_links(incident: Incident) -> list[dict]:
     """Each evidence line with the upload it came from, so the page can link to the raw line.
     Uses the prefetched uploads of ``incident_get``."""
-    by_name = {u.filename: u for u in incident.attempt.uploads.all()}
+    uploads = list(incident.attempt.uploads.all())
+    names = upload_source_names(uploads)
+    by_name = {names[u.pk]: u for u in uploads}
     out = []
     for item in incident.evidence:
         upload = by_name.get(item.get("file"))

@@ -11,7 +11,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from analysis import memory
-from analysis.attempts import attempt_config_events
+from analysis.attempts import attempt_config_events, upload_source_names
 from analysis.classify import IncidentContext, Verdict, classify
 from analysis.corpus.similar import similar_cases
 from analysis.models import CulpritScore, Incident, IncidentRevision
@@ -36,7 +36,7 @@ def attempt_events(attempt: Attempt):
     Read a batch of uploads at a time along the upload index, as plain rows: one query over all
     of a 2,048-host attempt's 84,000 events (a join and a sort behind a server-side cursor,
     planned on statistics that lag a burst of inserts) took 17 s of a 27 s classification."""
-    sources = dict(attempt.uploads.order_by("id").values_list("id", "filename"))
+    sources = upload_source_names(attempt.uploads.order_by("id").only("id", "filename"))
     uploads = list(sources)
     left = MAX_EVENTS_PER_ATTEMPT
     for start in range(0, len(uploads), EVENT_BATCH_UPLOADS):
@@ -52,7 +52,7 @@ def attempt_events(attempt: Attempt):
                 line=line,
                 text=text,
                 rank=rank,
-                source=sources[upload_id] or f"upload-{upload_id}",
+                source=sources[upload_id],
                 attrs=attrs,
             )
             if event is not None:

@@ -77,7 +77,9 @@ def diagnose_with_similar(paths: list[str], *, jobs: int = 1, notes: list | None
         if rank is not None:
             ranks.add(rank)
             # A rank's own file speaks for that rank, as an upload's rank does on the server
-            # (ingest.services: event_row(default_rank=upload.rank)).
+            # (ingest.services: event_row(default_rank=upload.rank)). A rank read from a file
+            # name is a guess ("-r07-" may be a rack): it fills in events that name no rank and,
+            # unlike an upload's declared rank, overrides none.
             events.extend(e if e.rank is not None else replace(e, rank=rank) for e in result.events)
         else:
             events.extend(result.events)

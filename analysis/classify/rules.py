@@ -30,7 +30,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.5"
+RULESET_VERSION = "2026.11.26.6"
 NAME_THRESHOLD = 0.5
 
 

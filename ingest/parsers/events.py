@@ -104,11 +104,24 @@ def storable_rank(rank: Any) -> int | None:
     return None
 
 
+def in_rank_file(event: Event, file_rank: int | None) -> Event:
+    """``event`` as read from the file of rank ``file_rank`` (an upload's rank, a rankN.log): an
+    event that names no rank is that rank's, and so is a watchdog line whose only rank is its
+    own "[Rank N]" — the rank inside the timed-out group, while the file's rank is global."""
+    if file_rank is None:
+        return event
+    if event.rank is None:
+        return dataclasses.replace(event, rank=file_rank)
+    if getattr(event, "rank_from", "") == "watchdog" and event.rank != file_rank:
+        return dataclasses.replace(event, rank=file_rank, rank_from="file")
+    return event
+
+
 def event_row(event: Event, *, default_rank: int | None = None) -> dict[str, Any]:
     """The columns of one stored event (rank, line, text, attrs), bounded and storable."""
-    rank = storable_rank(event.rank)
+    event = in_rank_file(event, storable_rank(default_rank))
     return {
-        "rank": rank if rank is not None else default_rank,
+        "rank": storable_rank(event.rank),
         "line": min(max(event.line, 0), MAX_STORED_INT),
         "text": storable_text(event.text[:MAX_EVENT_TEXT]),
         "attrs": storable(event.attrs()),

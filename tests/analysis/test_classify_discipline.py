@@ -569,3 +569,15 @@ def test_a_bootstrap_connect_that_ran_out_of_retries_is_the_bootstrap_failing():
     assert verdict_of(trace).culprit == "network_transport"
     # Another return code (an invalid argument, 4) through the bootstrap is no socket failure.
     assert not parse_log(trace.replace("-> 6", "-> 4").encode()).of_kind("nccl_bootstrap_failed")
+
+
+def test_an_uploads_declared_rank_outranks_the_watchdogs_group_rank():
+    from ingest.parsers.events import event_row
+
+    line = old_watchdog(0, 85, 1677721600, 180177)  # "[Rank 0]" of a tensor-parallel group
+    (event,) = parse_log(line.encode()).of_kind("watchdog_timeout")
+    row = event_row(event, default_rank=5)  # the agent uploaded it as rank 5's own log
+    assert (row["rank"], row["attrs"]["rank_from"]) == (5, "file")
+    # A launcher's prefix is the global rank already: the declared rank fills nothing in.
+    (prefixed,) = parse_log(watchdog(3, 19).encode()).of_kind("watchdog_timeout")
+    assert event_row(prefixed, default_rank=5)["rank"] == 3

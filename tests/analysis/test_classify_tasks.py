@@ -209,3 +209,22 @@ def test_a_retry_after_a_database_error_does_not_spend_a_try(upload):
     assert Incident.objects.filter(attempt=attempt).exists()
     attempt.refresh_from_db()
     assert (attempt.classify_tries, attempt.classify_claimed_at) == (0, None)
+
+
+def test_a_boot_in_one_hosts_dmesg_says_nothing_about_another_hosts_file_of_the_same_name(upload):
+    # Two hosts upload "dmesg.log": host A's was rebooted late in its file, host B's GPU fell off
+    # the bus early in its own. B's fault is this job's, whatever A's file says of A's past.
+    reboot = "".join(f"[{n}.000000] usb 1-1: new device\n" for n in range(1, 50)) + (
+        "[    0.000000] Linux version 5.15.0-119-generic (buildd@lcy02-amd64-075) (gcc (Ubuntu "
+        "11.4.0-1ubuntu1~22.04) 11.4.0, GNU ld (GNU Binutils for Ubuntu) 2.38) #129-Ubuntu SMP\n"
+    )
+    fallen = "[812088.402125] NVRM: Xid (PCI:0000:c1:00): 79, pid=0, GPU has fallen off the bus.\n"
+    upload(rank_log(JOB, 0), job=JOB.job, rank=0, host="gpu-001")
+    upload(reboot, job=JOB.job, host="gpu-a", name="dmesg.log")
+    upload(fallen, job=JOB.job, host="gpu-b", name="dmesg.log")
+    attempt = Attempt.objects.get()
+    sources = {e.source for e in services.attempt_events(attempt)}
+    assert {s for s in sources if s.startswith("dmesg.log")} == {
+        f"dmesg.log (upload {u.pk})" for u in Upload.objects.filter(filename="dmesg.log")
+    }
+    assert Incident.objects.get(attempt=attempt).culprit == "bad_node_hardware"
