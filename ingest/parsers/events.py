@@ -119,9 +119,11 @@ def in_rank_file(event: Event, file_rank: int | None) -> Event:
 
 def event_row(event: Event, *, default_rank: int | None = None) -> dict[str, Any]:
     """The columns of one stored event (rank, line, text, attrs), bounded and storable."""
-    event = in_rank_file(event, storable_rank(default_rank))
+    default_rank = storable_rank(default_rank)
+    event = in_rank_file(event, default_rank)
+    rank = storable_rank(event.rank)  # a crafted rank no job can have is none: the upload's
     return {
-        "rank": storable_rank(event.rank),
+        "rank": rank if rank is not None else default_rank,
         "line": min(max(event.line, 0), MAX_STORED_INT),
         "text": storable_text(event.text[:MAX_EVENT_TEXT]),
         "attrs": storable(event.attrs()),
