@@ -342,24 +342,32 @@ def hosts_health_shared(now: datetime | None = None) -> list:
     import hashlib
 
     from django.core.cache import cache
+    from redis.exceptions import RedisError
 
     from analysis.memory import HostHealth
 
     now = now or timezone.now()
     inputs = hashlib.sha256(_health_inputs(now).encode()).hexdigest()[:16]
-    stored = cache.get(_HEALTH_KEY)
-    if stored and stored.get("inputs") == inputs:
-        return [HostHealth(**row) for row in stored["hosts"]]
-    if stored and not cache.add(f"{_HEALTH_KEY}:computing", 1, timeout=HEALTH_SHARED_SECONDS):
-        # Another request is computing this state: the last one is at most a minute behind.
-        return [HostHealth(**row) for row in stored["hosts"]]
+    try:
+        stored = cache.get(_HEALTH_KEY)
+        if stored and stored.get("inputs") == inputs:
+            return [HostHealth(**row) for row in stored["hosts"]]
+        if stored and not cache.add(f"{_HEALTH_KEY}:computing", 1, timeout=HEALTH_SHARED_SECONDS):
+            # Another request is computing this state: the last one is at most a minute behind.
+            return [HostHealth(**row) for row in stored["hosts"]]
+    except (RedisError, OSError):
+        # A cache that is down costs the computation, never the answer (as rate limits do).
+        return hosts_health(now)
     every = hosts_health(now)
-    cache.set(
-        _HEALTH_KEY,
-        {"inputs": inputs, "hosts": [vars(h) for h in every]},
-        timeout=24 * 3600,
-    )
-    cache.delete(f"{_HEALTH_KEY}:computing")
+    try:
+        cache.set(
+            _HEALTH_KEY,
+            {"inputs": inputs, "hosts": [vars(h) for h in every]},
+            timeout=24 * 3600,
+        )
+        cache.delete(f"{_HEALTH_KEY}:computing")
+    except (RedisError, OSError):
+        pass
     return every
 
 

@@ -283,3 +283,21 @@ def test_host_health_is_computed_once_per_state_of_its_inputs_and_shared(
 
     host_repaired(Host.objects.get(hostname="gpu-new"))
     assert {h.hostname: h.verdict for h in drain.hosts_health_shared()}["gpu-new"] == "ok"
+
+
+def test_a_cache_that_is_down_costs_the_computation_not_the_answer(client, monkeypatch):
+    from django.core.cache import cache
+    from redis.exceptions import ConnectionError as RedisDown
+
+    from fleet import drain
+
+    incident_on("gpu-bad")
+
+    def down(*args, **kwargs):
+        raise RedisDown("Connection refused")
+
+    for name in ("get", "add", "set", "delete"):
+        monkeypatch.setattr(cache, name, down)
+    assert {h.hostname: h.verdict for h in drain.hosts_health_shared()} == {"gpu-bad": "drain"}
+    got = samples(client.get("/metrics").content.decode())
+    assert got[("fleetwatch_host_verdict", (("host", "gpu-bad"), ("verdict", "drain")))] == 1
