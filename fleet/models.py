@@ -87,8 +87,10 @@ class Attempt(models.Model):
     # Classification runs begun since the last that finished: one that keeps taking its worker
     # down (memory, the time limit) stops at MAX_CLASSIFY_TRIES with classify_error saying so,
     # instead of killing a worker per sweep for ever.
-    classify_tries = models.PositiveSmallIntegerField(default=0)
-    classify_error = models.TextField(blank=True)
+    # Database defaults as well: rows written with raw SQL (the load bench's COPY) name only the
+    # columns they know.
+    classify_tries = models.PositiveSmallIntegerField(default=0, db_default=0)
+    classify_error = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-started_at"]

@@ -67,7 +67,7 @@ class Upload(models.Model):
     line_count = models.BigIntegerField(null=True, blank=True)
     # [[line, offset], …]: where some lines start in the decompressed artifact (one per 4 MiB
     # parsed), so the artifact page seeks near a line instead of reading every line before it.
-    line_index = models.JSONField(default=list, blank=True)
+    line_index = models.JSONField(default=list, db_default=[], blank=True)
     event_count = models.PositiveIntegerField(default=0)
     ranks = models.JSONField(default=list)  # every rank the parsed content named
     # Parse runs started from a fresh or re-delivered message. A run that never reports back
