@@ -24,6 +24,18 @@ def log_bytes(lines: int) -> bytes:
 RAW = log_bytes(120_000)  # about 10 MiB: three blocks
 
 
+@pytest.fixture
+def local_blobs(tmp_path, settings):
+    """Blobs in a directory of this test's own."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "default": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": tmp_path},
+        },
+    }
+
+
 def test_each_index_entry_is_where_its_line_starts():
     index = parse_log(RAW).line_index
     assert len(index) >= 2
@@ -37,16 +49,7 @@ def test_the_index_is_in_the_decompressed_streams_coordinates():
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "gzip"])
-def test_a_window_read_through_the_index_is_the_window_read_from_the_start(
-    tmp_path, settings, packed
-):
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "default": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": tmp_path},
-        },
-    }
+def test_a_window_read_through_the_index_is_the_window_read_from_the_start(local_blobs, packed):
     body = gzip.compress(RAW, 1) if packed else RAW
     indexed = Upload(line_index=[list(e) for e in parse_log(body).line_index])
     indexed.blob.save("t.log", ContentFile(body), save=False)
@@ -90,18 +93,11 @@ class _Counting(io.RawIOBase):
 
 
 def test_a_window_near_the_end_reads_from_the_last_indexed_block_not_the_whole_file(
-    tmp_path, settings, monkeypatch
+    local_blobs, monkeypatch
 ):
     from django.core.files import File
     from django.core.files.storage import FileSystemStorage
 
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "default": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": tmp_path},
-        },
-    }
     indexed = Upload(line_index=[list(e) for e in parse_log(RAW).line_index])
     indexed.blob.save("t.log", ContentFile(RAW), save=False)
     scanned = Upload(line_index=[], blob=indexed.blob.name)
