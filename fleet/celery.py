@@ -104,9 +104,10 @@ class EagerCountdowns:
             with self._lock:
                 self._running.discard(me)
 
-    def pending(self) -> int:
+    def pending(self, task_name: str | None = None) -> int:
+        """Timers not yet fired: all of them, or those of one task."""
         with self._lock:
-            return len(self._timers)
+            return sum(1 for name, _ in self._timers if task_name in (None, name))
 
     def cancel_all(self, wait_s: float = 30.0) -> None:
         """Cancel what has not fired; wait for what is running."""
