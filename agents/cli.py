@@ -64,13 +64,13 @@ def _check(config, args) -> int:
             config.server, key or config.api_key(), config.host, args.timeout
         )
     except Exception as exc:  # any failure to ask: fail open, never drain on an outage
-        print(f"fleetwatch-agent check: no verdict ({exc}); failing open", file=sys.stderr)
+        check.warn(f"no verdict ({exc}); failing open")
         return 0
     node = args.node or config.host.split(".")[0]
     try:
         done = check.apply(node, verdict, drain=args.drain)
     except (OSError, subprocess.SubprocessError) as exc:
-        print(f"fleetwatch-agent check: slurm: {exc}", file=sys.stderr)
+        check.warn(f"slurm: {exc}")
         done = f"slurm failed: {exc}"
     reasons = "; ".join(verdict.get("reasons") or ()) or "-"
     print(f"{config.host}: {verdict['verdict']} ({reasons}); action: {done}")
@@ -110,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
     except (ConfigError, OSError) as exc:
+        if args.command == "check":
+            # 2 is "drain" to NHC and to a HealthCheckProgram wrapper: a broken or missing
+            # configuration must not take the node offline. It fails open, and says so.
+            from .check import warn
+
+            warn(f"configuration: {exc}; failing open")
+            return 0
         print(f"fleetwatch-agent: {exc}", file=sys.stderr)
         return 2
 

@@ -7,7 +7,11 @@
 # Never fail the job because Fleetwatch is away: the report is spooled and sent later, and a
 # failure to report is logged to syslog (tag fleetwatch-prolog) instead of vanishing.
 agent="${FLEETWATCH_AGENT:-/usr/local/bin/fleetwatch-agent}"
-if ! out=$("$agent" --config "${FLEETWATCH_AGENT_CONFIG:-/etc/fleetwatch/agent.toml}" report-attempt --event start 2>&1); then
+# Bounded (slurmd waits for the prolog/epilog, PrologEpilogTimeout): a hung server or DNS costs
+# the job at most this long; the report stays in the spool for the agent to send.
+bound=""
+[ -x /usr/bin/timeout ] && bound="/usr/bin/timeout ${FLEETWATCH_REPORT_TIMEOUT:-30}"
+if ! out=$($bound "$agent" --config "${FLEETWATCH_AGENT_CONFIG:-/etc/fleetwatch/agent.toml}" report-attempt --event start 2>&1); then
   /usr/bin/logger -t fleetwatch-prolog "job ${SLURM_JOB_ID:-?}: start not recorded: $out" 2>/dev/null
 fi
 exit 0

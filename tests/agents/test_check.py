@@ -121,3 +121,64 @@ def test_the_nhc_check_fails_on_a_drain_verdict_only(tmp_path, live_server, make
         results[host] = done.stdout
     assert "DIE 1 fleetwatch: drain" in results["gpu-bad"] and "rc=1" in results["gpu-bad"]
     assert "DIE" not in results["gpu-fine"] and "rc=0" in results["gpu-fine"]
+
+
+def test_a_node_someone_else_drained_is_neither_taken_over_nor_resumed(
+    tmp_path, live_server, make_key, slurm, capsys
+):
+    incident_on("gpu-bad")
+    key = make_key("read")
+    slurm.set_reason("admin: RMA pending")
+    assert run_check(tmp_path, live_server.url, key, "gpu-bad", "--drain") == 2
+    assert slurm.calls() == []  # the operator's reason stays, so the node stays theirs
+    assert "left alone" in capsys.readouterr().out
+    # Its reason is not ours, so once the verdict clears it is not resumed either
+    # (test_only_a_node_fleetwatch_drained_is_resumed).
+
+
+def test_a_missing_configuration_fails_open_under_nhc_too(tmp_path, slurm):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    missing = tmp_path / "nowhere.toml"
+    assert main(["--config", str(missing), "check", "--drain"]) == 0
+    assert slurm.calls() == []
+    nhc = Path(__file__).resolve().parents[2] / "agents" / "deploy" / "fleetwatch.nhc"
+    script = f'die() {{ echo "DIE $*"; }}; source "{nhc}"; check_fleetwatch; echo "rc=$?"'
+    env = {
+        "FLEETWATCH_AGENT": str(Path(sys.executable).with_name("fleetwatch-agent")),
+        "FLEETWATCH_AGENT_CONFIG": str(missing),
+    }
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert "DIE" not in done.stdout and "rc=0" in done.stdout
+
+
+def test_the_health_check_program_drains_with_no_arguments_and_no_path(
+    tmp_path, live_server, make_key, slurm
+):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    deploy = Path(__file__).resolve().parents[2] / "agents" / "deploy"
+    incident_on("gpu-bad")
+    (tmp_path / "key").write_text(make_key("read"))
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[agent]\nserver = "{live_server.url}"\nkey_file = "{tmp_path / "key"}"\n'
+        f'host = "gpu-bad"\nspool_dir = "{tmp_path / "spool"}"\nrun_dir = "{tmp_path / "run"}"\n'
+    )
+    # As slurmd runs HealthCheckProgram: no arguments, no PATH; the exit code is ignored.
+    env = {
+        "FLEETWATCH_AGENT": str(Path(sys.executable).with_name("fleetwatch-agent")),
+        "FLEETWATCH_AGENT_CONFIG": str(config),
+        "FLEETWATCH_SLURM_PATH": os.environ["PATH"],  # where the recording scontrol is
+        "FAKE_SLURM": os.environ["FAKE_SLURM"],
+    }
+    done = subprocess.run(
+        ["/bin/sh", str(deploy / "slurm-healthcheck.sh")], env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    [call] = slurm.calls()
+    assert "NodeName=gpu-bad" in call and "State=DRAIN" in call and "Reason=fleetwatch:" in call

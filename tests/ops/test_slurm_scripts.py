@@ -55,3 +55,15 @@ def test_a_missing_agent_never_fails_the_job(tmp_path):
     for name in ("slurm-prolog.sh", "slurm-epilog.sh"):
         done = subprocess.run(["/bin/sh", str(DEPLOY / name)], env=env, timeout=60)
         assert done.returncode == 0
+
+
+def test_a_hung_agent_holds_the_job_no_longer_than_the_bound(tmp_path):
+    # An agent stuck on a dead server (or DNS): slurmd waits for the prolog, so it is bounded.
+    hung = tmp_path / "fleetwatch-agent"
+    hung.write_text("#!/bin/sh\nexec sleep 600\n")
+    hung.chmod(0o755)
+    env = {"FLEETWATCH_AGENT": str(hung), "FLEETWATCH_REPORT_TIMEOUT": "1", "SLURM_JOB_ID": "1"}
+    for name in ("slurm-prolog.sh", "slurm-epilog.sh"):
+        # The subprocess deadline is far beyond the bound; reaching it would mean no bound.
+        done = subprocess.run(["/bin/sh", str(DEPLOY / name)], env=env, timeout=300)
+        assert done.returncode == 0
