@@ -14,7 +14,7 @@ PYTEST_ARGS       ?=
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[server,agent,dev,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[server,agent,dev,bench,kubernetes]'
 	touch $(STAMP)
 
 setup: $(STAMP)
