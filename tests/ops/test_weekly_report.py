@@ -247,3 +247,37 @@ def test_the_report_and_the_ui_draw_each_culprit_in_the_same_colour(
         assert f".culprit-{culprit} {{ background: {badge_background(colour)}; }}" in page
     script = (settings.BASE_DIR / "fleet" / "static" / "fleet" / "fleetwatch.js").read_text()
     assert not re.search(r"#[0-9a-fA-F]{6}\b", script), "a colour written into the chart script"
+
+
+def test_the_pdf_as_printed_draws_each_culprit_in_the_ui_colour(week, client, django_user_model):
+    """The PDF itself, rasterised by PDFium: every culprit of the week shows in the colour the
+    UI draws it in, and no other culprit's colour appears (a swapped or stale palette would)."""
+    import json
+    import re
+
+    pdfium = pytest.importorskip("pypdfium2")
+    from analysis.palette import CULPRIT_COLOURS
+
+    client.force_login(django_user_model.objects.create_user("printer"))
+    page = client.get("/").content.decode()
+    ui = json.loads(
+        re.search(
+            r'<script id="culprit-colours" type="application/json">(.*?)</script>', page
+        ).group(1)
+    )
+    numbers = report.weekly_report_numbers("2026-W47", now=AFTER)
+    pdf = pdfium.PdfDocument(report.weekly_report_pdf(report.weekly_report_html(numbers)))
+    seen: set[tuple[int, int, int]] = set()
+    for index in range(len(pdf)):
+        image = pdf[index].render(scale=2).to_pil().convert("RGB")
+        seen.update(colour for _, colour in image.getcolors(maxcolors=1 << 20))
+
+    def rgb(hex_colour: str) -> tuple[int, int, int]:
+        return tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+
+    week_culprits = set(numbers["by_culprit"])
+    assert week_culprits == {"bad_node_hardware", "storage_io"}
+    for culprit in week_culprits:
+        assert rgb(ui[culprit]) in seen, f"{culprit}: {ui[culprit]} is not on the printed page"
+    for culprit in set(CULPRIT_COLOURS) - week_culprits:
+        assert rgb(ui[culprit]) not in seen, f"{culprit}'s colour printed in a week without it"
