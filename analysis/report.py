@@ -22,7 +22,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from analysis.classify import CULPRITS
-from analysis.models import HostRepair, Implication, Incident, WeeklyReport
+from analysis.models import CulpritScore, HostRepair, Implication, Incident, WeeklyReport
 from analysis.models_ops import DrainAction
 from analysis.palette import CULPRIT_COLOURS
 from fleet.models import Attempt
@@ -159,10 +159,24 @@ def _fingerprint_labels(fingerprints) -> dict[str, dict]:
         .select_related("entity")
         .order_by("incident_id", "-confidence")
     )
+    by_incident = {entry["id"]: entry for entry in out.values()}
     for imp in strongest:
-        for entry in out.values():
-            if entry["id"] == imp.incident_id and not entry["entity"]:
-                entry["entity"] = f"{imp.entity.kind}:{imp.entity.key}"
+        entry = by_incident.get(imp.incident_id)
+        if entry is not None and not entry["entity"]:
+            entry["entity"] = f"{imp.entity.kind}:{imp.entity.key}"
+            entry["entity_id"] = imp.entity_id
+    # The culprit the UI shows for that entity (fleet memory's verdict over all its incidents),
+    # not one incident's: the newest may have been an abstention on a rack the fleet has long
+    # classified.
+    scores = dict(
+        CulpritScore.objects.filter(
+            entity_id__in=[e["entity_id"] for e in out.values() if e.get("entity_id")]
+        )
+        .exclude(culprit="unknown")
+        .values_list("entity_id", "culprit")
+    )
+    for entry in out.values():
+        entry["culprit"] = scores.get(entry.get("entity_id"), entry["culprit"])
     return out
 
 

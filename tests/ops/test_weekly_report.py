@@ -281,3 +281,30 @@ def test_the_pdf_as_printed_draws_each_culprit_in_the_ui_colour(week, client, dj
         assert rgb(ui[culprit]) in seen, f"{culprit}: {ui[culprit]} is not on the printed page"
     for culprit in set(CULPRIT_COLOURS) - week_culprits:
         assert rgb(ui[culprit]) not in seen, f"{culprit}'s colour printed in a week without it"
+
+
+def test_a_recurring_cause_carries_the_culprit_the_ui_shows_for_its_entity(db):
+    """The newest incident of a recurring cause abstained (unknown); fleet memory classified
+    the host behind all of them network_transport. The report says what the UI says."""
+    from django.utils import timezone
+
+    from analysis.models import CulpritScore, Entity
+
+    at = MONDAY + timedelta(hours=10)
+    incident_on("gpu-n", job="a", culprit="network_transport", started=at, fingerprint="fp-n")
+    incident_on(
+        "gpu-n", job="b", culprit="unknown", started=at + timedelta(days=1), fingerprint="fp-n"
+    )
+    CulpritScore.objects.create(
+        entity=Entity.objects.get(kind="host", key="gpu-n"),
+        culprit="network_transport",
+        score=5.0,
+        flagged=True,
+        implicated=2,
+        exposed=2,
+        baseline=0.1,
+        explanation="two of two attempts on gpu-n",
+        computed_at=timezone.now(),
+    )
+    [top] = report.weekly_report_numbers("2026-W47", now=AFTER)["top_recurring"]
+    assert (top["entity"], top["culprit"]) == ("host:gpu-n", "network_transport")
