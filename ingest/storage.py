@@ -11,6 +11,7 @@ removed. (S3-compatible stores need none of this: an object PUT is atomic.)
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import os
 import tempfile
 
@@ -42,6 +43,11 @@ class ArtifactFileSystemStorage(FileSystemStorage):
                     os.link(partial, full_path)
                     break
                 except FileExistsError:
+                    if filecmp.cmp(partial, full_path, shallow=False):
+                        # The same bytes, written by a concurrent request for the same
+                        # content-addressed name: that blob is this one. A second copy under
+                        # another name would be orphaned when this request's row loses the race.
+                        break
                     name = self.get_available_name(name)
                     full_path = self.path(name)
         finally:
