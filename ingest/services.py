@@ -54,37 +54,55 @@ class Received:
     created: bool
 
 
+# The request inflates a gzip upload only this far (about half a second of zlib on a busy core):
+# every upload that inflates to less is checked whole here (corrupt, truncated, over the bound:
+# 400/413 with the reason). Past it the request stops inflating and stores the bytes; the parse
+# in the worker reads the rest under its time limit and keeps what precedes a cut.
+REQUEST_INFLATE_BYTES = 256 * 1024 * 1024
+# DEFLATE cannot exceed 1032x (a 258-byte match in two bits); only runs of one byte value come
+# near it. A log does not: one line repeated verbatim compresses about 300x, NCCL INFO 8x. Past
+# this ratio (measured once a few MiB are out) the stream is a bomb, refused at once.
+BOMB_RATIO = 1000
+BOMB_CHECK_AFTER = 16 * 1024 * 1024
+
+
 def _scan(fileobj) -> tuple[str, int, bytes, bool]:
     """sha256, size, the (decompressed) head, and whether it is gzip — checking on the way
-    that a gzip stream is whole and does not inflate beyond the configured bound."""
+    that a gzip stream is whole and does not inflate beyond the configured bound (as far as
+    REQUEST_INFLATE_BYTES; see above) or like a bomb."""
     digest = hashlib.sha256()
     size = 0
     head = b""
     inflater = None
-    inflated = 0
+    inflating = False
+    inflated = consumed = 0
     limit = settings.FLEETWATCH_MAX_INFLATED_BYTES
     fileobj.seek(0)
     while block := fileobj.read(READ_BLOCK):
         if size == 0 and is_gzip(block):
             inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            inflating = True
         size += len(block)
         if size > settings.FLEETWATCH_MAX_UPLOAD_BYTES:
             raise UploadRejected(
                 f"file is larger than the {settings.FLEETWATCH_MAX_UPLOAD_BYTES} byte limit", 413
             )
         digest.update(block)
-        if inflater is not None:
+        if inflating:
             try:
                 data = block
                 while data:
                     if inflater.eof:
                         # Another gzip member (concatenated gzip, zero padding between members):
                         # every gzip reader, the parsers' too, inflates it, so it counts too.
+                        before = len(data)
                         data = data.lstrip(b"\0")
+                        consumed += before - len(data)
                         if not data:
                             break
                         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
                     # Inflate in bounded steps so a gzip bomb never sits in memory whole.
+                    fed = len(data)
                     chunk = inflater.decompress(data, READ_BLOCK)
                     while True:
                         inflated += len(chunk)
@@ -94,17 +112,35 @@ def _scan(fileobj) -> tuple[str, int, bytes, bool]:
                             raise UploadRejected(
                                 f"gzip content inflates beyond the {limit} byte limit", 413
                             )
+                        # What of ``data`` is not consumed yet (at a member's end, unused_data).
+                        left = len(
+                            inflater.unused_data if inflater.eof else inflater.unconsumed_tail
+                        )
+                        if inflated >= BOMB_CHECK_AFTER and inflated > BOMB_RATIO * (
+                            consumed + fed - left
+                        ):
+                            raise UploadRejected(
+                                f"gzip content inflates more than {BOMB_RATIO}x (a run of one "
+                                "byte value, not a log): refused as a decompression bomb",
+                                413,
+                            )
+                        if inflated >= REQUEST_INFLATE_BYTES:
+                            inflating = False  # the rest is the worker's (see above)
+                            break
                         # At a member's end what follows is in unused_data (and unconsumed_tail
                         # still holds it too: inflating that again would loop for ever).
                         if inflater.eof or not inflater.unconsumed_tail:
                             break
                         chunk = inflater.decompress(inflater.unconsumed_tail, READ_BLOCK)
+                    consumed += fed - (len(inflater.unused_data) if inflater.eof else 0)
+                    if not inflating:
+                        break
                     data = inflater.unused_data if inflater.eof else b""
             except zlib.error as exc:
                 raise UploadRejected(f"gzip stream is corrupt: {exc}") from exc
-        elif len(head) < 65536:
+        elif inflater is None and len(head) < 65536:
             head += block[: 65536 - len(head)]
-    if inflater is not None and not inflater.eof:
+    if inflating and not inflater.eof:
         raise UploadRejected("gzip stream is truncated: the upload was cut off before its end")
     fileobj.seek(0)
     return digest.hexdigest(), size, head, inflater is not None

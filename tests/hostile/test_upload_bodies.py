@@ -341,3 +341,59 @@ def test_the_bounds_do_not_refuse_an_ordinary_compressed_log(post_form, settings
     response = post_form(upload_form(body.getvalue(), "rank1.log.gz", rank=1))
     assert response.status_code == 202
     assert Upload.objects.get().status == "parsed"
+
+
+def test_a_zeros_bomb_under_the_default_bounds_is_refused_as_a_bomb_before_it_is_inflated(
+    post_form,
+):
+    # 5 MiB on the wire, 5 GiB inflated: over DEFLATE's reach for anything but one byte value.
+    # Refused within the first BOMB_CHECK_AFTER bytes inflated, not after the whole 4 GiB bound.
+    from ingest import services
+
+    body = zeros_bomb(5 << 30)
+    inflated_by_the_check = []
+    real = services.zlib.decompressobj
+
+    def counting(*args):
+        inflater = real(*args)
+
+        class Counting:
+            def __getattr__(self, name):
+                return getattr(inflater, name)
+
+            def decompress(self, data, max_length=0):
+                out = inflater.decompress(data, max_length)
+                inflated_by_the_check.append(len(out))
+                return out
+
+        return Counting()
+
+    services.zlib.decompressobj = counting
+    try:
+        response = post_form(upload_form(body, "rank0.log.gz"))
+    finally:
+        services.zlib.decompressobj = real
+    assert response.status_code == 413, response.content
+    assert "decompression bomb" in response.json()["detail"]
+    assert sum(inflated_by_the_check) < 2 * services.BOMB_CHECK_AFTER
+    assert not Upload.objects.exists()
+
+
+def test_a_log_that_inflates_past_what_the_request_checks_is_accepted_and_parsed(
+    post_form, settings
+):
+    # One line repeated (about 300x compressed, so no bomb) to more than the request inflates:
+    # stored, and the parse reads on to the watchdog line at its end.
+    from ingest import services
+
+    settings.FLEETWATCH_MAX_INFLATED_BYTES = 1 << 40
+    line = b"[rank1]:[W ProcessGroupNCCL.cpp:1234] Warning: a flood of one line\n"
+    repeat = services.REQUEST_INFLATE_BYTES // len(line) + 1000
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 31)
+    parts = [deflate.compress(line * 100_000) for _ in range(repeat // 100_000 + 1)]
+    body = b"".join([*parts, deflate.compress(WATCHDOG.encode()), deflate.flush()])
+    response = post_form(upload_form(body, "rank1.log.gz"))
+    assert response.status_code == 202, response.content
+    upload = Upload.objects.get()
+    assert upload.compressed and upload.status == Upload.Status.PARSED, upload.error
+    assert Event.objects.filter(upload=upload, kind="watchdog_timeout").exists()
