@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ingest.parsers.events import Event
+from ingest.parsers.progress import LOCKSTEP_WORK
 from ingest.parsers.signatures import known_issues
 
 from .facts import (
@@ -30,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.6"
+RULESET_VERSION = "2026.11.26.7"
 NAME_THRESHOLD = 0.5
 
 
@@ -634,13 +635,25 @@ def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
     if not limit_s or not (f.timeouts or stores):
         return None
     unplaced = any(_unplaced(t) for t in f.timeouts)
-    if not all(_not_training_wait(t) or _unplaced(t) for t in f.timeouts):
-        return None
-    # A bar still drawing, or a phase that reported its length when it finished (a checkpoint
-    # save, a tokenisation pass): either way one process worked alone for about the timeout.
+    in_training = not all(_not_training_wait(t) or _unplaced(t) for t in f.timeouts)
+    # A bar still drawing, or a phase that reported its length (finished, or so far: a decode
+    # loop's "1068.2s elapsed"): either way one process worked alone for about the timeout.
     bars = [b for b in f.of("progress_bar") if b.elapsed_s and b.elapsed_s >= 0.8 * limit_s]
     bars += [p for p in f.of("phase_duration") if p.elapsed_s >= 0.8 * limit_s]
-    if unplaced:
+    if in_training:
+        # Mid-training (an evaluation or a generation run on rank 0 after epoch N, an index
+        # built by one rank) the others wait in a training step's collective. Only work that is
+        # not the training loop itself (every rank runs that in lockstep, its length says
+        # nothing) counts, and only on a rank that is not among those waiting.
+        waiting = f.timed_out_ranks
+        bars = [
+            b
+            for b in bars
+            if b.desc
+            and not LOCKSTEP_WORK.search(b.desc)
+            and (b.rank not in waiting if b.rank is not None else _all_but_a_few_waited(f))
+        ]
+    elif unplaced:
         # A wait whose place in the job is unknown could be a training step's, beside which a
         # long training bar says nothing: only a bar that prepares data places it at start-up.
         bars = [b for b in bars if b.kind == "progress_bar" and _PREP_BAR.search(b.desc)]
@@ -654,6 +667,15 @@ def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
             evidence=cite(bars + stores[:2], "long_preprocessing"),
         )
     return None
+
+
+def _all_but_a_few_waited(f: Facts) -> bool:
+    """Work printed by a rank the line does not name is lone work only when the job's world is
+    known and every rank but a few (the worker: rank 0, or each node's local rank 0) is seen
+    waiting. Ranks merely absent from an excerpt prove nothing."""
+    world = f.context.world_size or int(f.config_number("world_size") or 0)
+    waiting = f.timed_out_ranks & set(range(world))
+    return bool(world) and len(waiting) < world and len(waiting) >= world - len(waiting)
 
 
 def _first_barrier_timed_out(f: Facts) -> Match | None:
@@ -1243,7 +1265,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "preprocessing_outlasted_timeout",
-        "The ranks timed out at a barrier while one process was still preprocessing",
+        "The ranks timed out waiting while one process worked alone about as long as the "
+        "timeout (preprocessing at start-up, an evaluation or index build mid-training)",
         ("progress_bar", "phase_duration", "watchdog_timeout", "store_timeout"),
         "timeout_too_short",
         0.75,

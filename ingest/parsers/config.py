@@ -201,6 +201,8 @@ _WORDS: tuple[str, ...] = tuple(
 _ANY_WORD = re.compile("|".join(re.escape(w) for w in _WORDS))
 
 MAX_BARS = 100
+# One token with a digit in it, the shape of a host name ("a40-node11", "gpu-b07.cluster").
+_HOST_PREFIX = re.compile(r"[A-Za-z][\w-]*\d[\w.-]*")
 # A bar line holding one of these carries something else (a setting, a glued log line).
 _BAR_KEEP = (b"NCCL", b"Error", b"_", b"=", b"ersion")
 
@@ -349,6 +351,10 @@ class ConfigParser:
         if last is None:
             return
         desc = (last.group("desc") or "").strip()
+        if last.start() == 0 and _HOST_PREFIX.fullmatch(desc):
+            # pdsh (DeepSpeed's multi-node launcher) puts "host: " before every line: that is
+            # where the bar ran, not what it counts ("a40-node11:  4%|▍ | 130/3222 [...").
+            desc = ""
         elapsed = _elapsed(last.group("el"))
         old = self._bars.get(desc)
         if old is not None and (old.elapsed_s or 0) > elapsed:

@@ -138,13 +138,24 @@ class PhaseDuration(Event):
 register(PhaseDuration)
 
 _PHASE_VERBS = (" took ", " finished in ", " completed in ", " done in ")
+# Work still under way that reports how long it has run so far: a decode or eval loop's
+# "decoded 2560/3003 sentences | 1068.2s elapsed", a converter's "(total 247s, …)", and faiss
+# k-means in verbose mode ("Iteration 17 (1679.36 s, search 1650.12 s): objective=…", the
+# format of faiss/Clustering.cpp). The line's words, digits masked, name the phase.
+_ONGOING_MARKS = ("s elapsed", "(total ", "s, search ")
+_ONGOING = re.compile(
+    r"(?P<n>\d+(?:\.\d+)?)\s*s(?:ec(?:ond)?s?)?\s+elapsed\b"
+    r"|\(total (?P<t>\d+(?:\.\d+)?)\s*s\b"
+    r"|\bIteration \d+ \((?P<k>\d+(?:\.\d+)?) s, search \d+(?:\.\d+)? s\)"
+)
+_DIGITS = re.compile(r"\d+(?:[.,/]\d+)*")
 _PHASE = re.compile(
     r"(?P<desc>[A-Za-z][\w ./'()-]{0,80}?)\s+(?:took|finished in|completed in|done in)\s*:?\s*"
     r"(?:(?P<hms>\d+:\d\d:\d\d)(?:\.\d+)?|(?P<n>\d+(?:\.\d+)?)\s*"
     r"(?P<unit>ms|milliseconds?|s|secs?|seconds?|mins?|minutes?|h|hrs?|hours?)\b)"
 )
 # A training loop's own length says nothing about a wait: every rank runs it, in lockstep.
-_LOCKSTEP = re.compile(
+LOCKSTEP_WORK = re.compile(
     r"\b(?:epoch|step|iter(?:ation)?|batch|train(?:ing)?|forward|backward)s?\b", re.IGNORECASE
 )
 MAX_PHASES = 100
@@ -161,13 +172,16 @@ def _unit_seconds(unit: str) -> float:
 
 
 class PhaseDurationParser:
-    triggers = tuple(verb.encode() for verb in _PHASE_VERBS)
+    triggers = tuple(verb.encode() for verb in _PHASE_VERBS + _ONGOING_MARKS)
 
     def __init__(self) -> None:
         self._phases: dict[str, PhaseDuration] = {}
 
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest
+        if any(mark in text for mark in _ONGOING_MARKS):
+            # (A watchdog line glued to the last redraw does not hide the redraws before it.)
+            self._ongoing(line, pre, text)
         if not any(verb in text for verb in _PHASE_VERBS) or "NCCL" in text:
             return []
         m = _PHASE.search(text)
@@ -175,22 +189,44 @@ class PhaseDurationParser:
             return []
         # The phase's name is the words after the logger's own prefix ("INFO:module:", "] ").
         desc = re.split(r"[:\]|>]", m.group("desc"))[-1].strip(" .-")
-        if not desc or _LOCKSTEP.search(desc):
+        if not desc or LOCKSTEP_WORK.search(desc):
             return []
         if m.group("hms"):
             h, mi, s = (int(p) for p in m.group("hms").split(":"))
             seconds = float(h * 3600 + mi * 60 + s)
         else:
             seconds = float(m.group("n")) * _unit_seconds(m.group("unit").lower())
+        self._keep(line, pre, desc, seconds)
+        return []
+
+    def _ongoing(self, line: Line, pre: Prefix, text: str) -> None:
+        # \r-glued redraws (faiss prints its iterations so): the last report is the furthest.
+        found = list(_ONGOING.finditer(text))
+        if not found:
+            return
+        m = found[-1]
+        if m.group("k") is not None:
+            desc, seconds = "k-means clustering (faiss)", float(m.group("k"))
+        else:
+            before = text[: m.start()]
+            # The phase's words: after the logger's prefix, digits masked ("decoded N sentences").
+            words = [w for w in re.split(r"\s[|>]\s|\]\s|INFO\b:?", before) if w.strip(" |-(")]
+            desc = re.split(r"[:(]", words[-1] if words else before)[0]
+            desc = " ".join(_DIGITS.sub("N", desc).split()).strip(" |-,[]")[:80]
+            seconds = float(m.group("n") or m.group("t"))
+        if not desc or LOCKSTEP_WORK.search(desc):
+            return
+        self._keep(line, pre, desc, seconds)
+
+    def _keep(self, line: Line, pre: Prefix, desc: str, seconds: float) -> None:
         old = self._phases.get(desc)
         if (old is not None and old.elapsed_s >= seconds) or (
             old is None and len(self._phases) >= MAX_PHASES
         ):
-            return []
+            return
         self._phases[desc] = PhaseDuration(
             line=line.number, text=line.text, rank=pre.rank, desc=desc[:80], elapsed_s=seconds
         )
-        return []
 
     def flush(self) -> list[Event]:
         phases = sorted(self._phases.values(), key=lambda p: p.line)
