@@ -46,6 +46,7 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "known_network_issue": ("signature_hosts",),
     "known_host_issue": ("signature_hosts",),
     "known_layout_issue": ("job_family",),
+    "known_code_path_issue": ("job_family",),
     "build_mismatch": ("versions",),
     "known_version_issue": ("versions",),
     "storage_stall": ("stall_mounts",),
@@ -103,6 +104,8 @@ BASIS: dict[str, str] = {
     "known_network_issue": "ingest/parsers/known_issues.json entries (NCCL docs, issues)",
     "known_host_issue": "ingest/parsers/known_issues.json entries (NCCL troubleshooting guide)",
     "known_layout_issue": "CUDA runtime API: cudaErrorInvalidDevice (device ordinal not valid)",
+    "known_code_path_issue": "torch/csrc/distributed/c10d/reducer.cpp "
+    "Reducer::ensure_prior_reduction_finished (parameters that received no gradient)",
     "build_mismatch": "ingest/parsers/known_issues.json entries marked names_its_cause (CUDA "
     "runtime API: cudaErrorNoKernelImageForDevice, cudaErrorInsufficientDriver; torch.cuda "
     "capability check)",

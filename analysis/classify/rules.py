@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.7"
+RULESET_VERSION = "2026.11.26.8"
 NAME_THRESHOLD = 0.5
 
 
@@ -823,15 +823,11 @@ def _build_mismatch(f: Facts) -> Match | None:
     return _knowledge_match(hits, "the build does not fit this host")
 
 
-def _known_environment_issue(culprit: str):
+def _known_environment_issue(culprit: str, what: str = "known environment fault"):
     """A known environment fault with its own signature (shared memory too small, systemd
     removing IPC objects, RoCE GID changes, fabric manager state), for the knowledge-base
     entries of one culprit class, with the entry's sourced fix."""
-    return lambda f: _known_environment_match(f, culprit)
-
-
-def _known_environment_match(f: Facts, culprit: str) -> Match | None:
-    return _knowledge_match(_knowledge_hits(f, {culprit}), "known environment fault")
+    return lambda f: _knowledge_match(_knowledge_hits(f, {culprit}), what)
 
 
 def _knowledge_match(hits, what: str) -> Match | None:
@@ -903,10 +899,25 @@ def _recovered_within(stall, recoveries: list, limit_s: float | None) -> bool:
     )
 
 
+def _job_stalls(f: Facts) -> list:
+    """Storage stalls that can hold this job: a server or disk that stopped answering, or a hung
+    task that is one of the job's processes. The hung-task detector reports any process in
+    uninterruptible sleep; a backup's rsync or updatedb blocked on a slow mount says the mount is
+    slow, not that a rank waited on it."""
+    pids = {e.pid for e in f.of("worker_failed") + f.of("failure_record") if e.pid}
+    return [
+        s
+        for s in f.of("storage_stall")
+        if not getattr(s, "task", "")
+        or (s.pid and s.pid in pids)
+        or _TRAINING_PROCESS.match(s.task)
+    ]
+
+
 def _storage_stall(f: Facts) -> Match | None:
     recoveries = f.of("storage_recovered")
     limit_s = f.collective_limit_s()
-    stalls = [s for s in f.of("storage_stall") if not _recovered_within(s, recoveries, limit_s)]
+    stalls = [s for s in _job_stalls(f) if not _recovered_within(s, recoveries, limit_s)]
     if not stalls:
         return None
     mounts = sorted({s.mount for s in stalls if s.mount})
@@ -1225,6 +1236,18 @@ RULES: tuple[Rule, ...] = (
         0.85,
         "See the knowledge-base entry named in the summary.",
         _known_environment_issue("parallelism_config"),
+        marks_failure=True,
+    ),
+    Rule(
+        "known_code_path_issue",
+        "A known error that says the ranks' code paths differed (knowledge base: DDP parameters "
+        "that received no gradient)",
+        ("known_signature",),
+        "rank_desync_code",
+        # Outranks the crash it explains: the error names its own cause.
+        0.85,
+        "See the knowledge-base entry named in the summary.",
+        _known_environment_issue("rank_desync_code", "the ranks' code paths differed"),
         marks_failure=True,
     ),
     Rule(

@@ -28,6 +28,8 @@ class StorageStall(Event):
     mount: str = ""  # server or mount point when the line names it
     clock: str = ""  # the kernel line's clock (kernel.line_clock): "boot", "wall", "syslog"
     at: float | None = None
+    task: str = ""  # the hung task's command name ("python", "rsync", "jbd2/sdb1-8")
+    pid: int | None = None  # and its pid
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +86,7 @@ STORAGE = (
     Signature(
         "hung_task",
         b"blocked for more than",
-        re.compile(r"INFO: task (?P<task>\S+?):\d+ blocked for more than \d+ seconds"),
+        re.compile(r"INFO: task (?P<task>\S+?):(?P<pid>\d+) blocked for more than \d+ seconds"),
         StorageStall,
     ),
     # Lustre client: "LustreError: ... lost connection" / "Connection to fs-OST0003 ... was lost"
@@ -173,8 +175,12 @@ class SignatureParser:
             if not m:
                 continue
             if sig.event is StorageStall or sig.event is StorageRecovered:
-                mount = (m.groupdict().get("mount") or "")[:200]
+                found = m.groupdict()
+                mount = (found.get("mount") or "").rstrip(",;:")[:200]
                 clock = line_clock(line.text) or line_clock(text)
+                extra = {}
+                if sig.event is StorageStall and found.get("task"):
+                    extra = {"task": found["task"][:64], "pid": int(found["pid"])}
                 return [
                     sig.event(
                         line=line.number,
@@ -184,6 +190,7 @@ class SignatureParser:
                         mount=mount,
                         clock=clock[0] if clock else "",
                         at=clock[1] if clock else None,
+                        **extra,
                     )
                 ]
             return [

@@ -24,8 +24,11 @@ retries (ncclRemoteError) not read as the bootstrap failing. An eleventh (one ra
 while the others wait, lone_work-*) scored 4 of 8: work mid-training (a decode, a faiss k-means,
 a checkpoint conversion) reported as timestamped lines rather than a bar was not read, nor placed
 beside a training step's collective; and a pdsh host prefix was taken for a bar's description. A
-twelfth (storage stalling one rank, storage_stall-*) scored 6 of 8 and a thirteenth (ranks on
-other code paths, code_paths-*) 5 of 8, both before anything was changed for them."""
+twelfth (storage stalling one rank, storage_stall-*) scored 6 of 8 before anything changed: a
+backup's rsync hung on NFS taken for the job's stall (only the job's own processes count now).
+A thirteenth (ranks on other code paths, code_paths-*) scored 5 of 8: DDP's "Expected to have
+finished reduction" (a rank's forward skipped parameters) was read as a plain crash; it is a
+knowledge-base entry naming its cause now."""
 
 import json
 from pathlib import Path
@@ -52,12 +55,18 @@ KNOWN_MISSES: dict[str, str] = {
     # with no description and no timestamps. No one bar approaches the 600 s timeout, and bars
     # are kept per description (the furthest state), so their sum is not known.
     "lone_work-d": "unknown",
-    # Scored before anything was changed for them; each is read below as it is fixed.
+    # A checkpoint save to a gcsfuse mount that never returns: the evidence is a py-spy dump of
+    # an unnamed process (pid only) inside safetensors' save_file, and earlier saves that took
+    # ~100 s. Nothing ties the pid to the lagging rank, and a save in progress is as much a big
+    # save outlasting the timeout as a stalled mount.
     "storage_stall-e": "unknown",
-    "storage_stall-h": "storage_io",
+    # PyTorch 1.8's watchdog lines name no SeqNum: rank 0's BROADCAST and rank 2's ALLREDUCE
+    # cannot be placed at one call site, so their difference proves no other code path.
     "code_paths-a": "unknown",
+    # Same SeqNum, same op, different sizes (3 against 9,441,792): the watchdog_op_mismatch rule
+    # fires, but its calibration on dev (named once, on a case whose thread found no cause)
+    # keeps it below naming.
     "code_paths-c": "unknown",
-    "code_paths-f": "oom_or_crash",
 }
 
 
