@@ -52,6 +52,7 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "storage_stall": ("stall_mounts",),
     "disk_full": ("job_family",),
     "preprocessing_outlasted_timeout": ("job_family",),
+    "startup_work_running": ("job_family",),
     "first_barrier_timed_out": ("job_family",),
     "dataloader_oversubscribed": (LOADER_KEYS,),
     "p2p_schedule_desync": ("config:pipeline_parallel",),
@@ -118,6 +119,9 @@ BASIS: dict[str, str] = {
     "phase's reported length; "
     "barrier-sized waits: ProcessGroupNCCL::barrier all-reduces one element; the c10d store "
     "wait (socket.cpp waitForInput) expires at the same timeout",
+    "startup_work_running": "torch.distributed default_pg_timeout (30 min) against start-up "
+    "work seen still running; faiss/Clustering.cpp verbose output ('Clustering N points in "
+    "dD to k clusters', 'Iteration i (t s, search s s)')",
     "first_barrier_timed_out": "the first collectives time out only when a rank is late at "
     "start-up",
     "dataloader_oversubscribed": "torch.utils.data.DataLoader check_worker_number_rationality "

@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.8"
+RULESET_VERSION = "2026.11.26.9"
 NAME_THRESHOLD = 0.5
 
 
@@ -678,6 +678,34 @@ def _all_but_a_few_waited(f: Facts) -> bool:
     return bool(world) and len(waiting) < world and len(waiting) >= world - len(waiting)
 
 
+def _startup_work_running(f: Facts) -> Match | None:
+    """Every timeout is in one of the job's first collectives (SeqNum <= 5), and what the late
+    process was doing is on the page: data preparation seen under way and not seen finishing (a
+    preparation bar short of 100 %, or cut before its counts), or work that reported only how
+    long it had run so far (faiss k-means). Its length is unknown, so this is less sure than a
+    bar whose elapsed time matches the timeout (preprocessing_outlasted_timeout)."""
+    if not f.timeouts or f.has_crash_or_hardware() or f.of("nccl_connect_failed"):
+        return None
+    early = [t for t in f.timeouts if t.seq is not None and t.seq <= 5]
+    if len(early) != len(f.timeouts):
+        return None
+    running = [
+        b
+        for b in f.of("progress_bar")
+        if _PREP_BAR.search(b.desc) and (b.percent is None or b.percent < 100)
+    ]
+    running += [p for p in f.of("phase_duration") if getattr(p, "ongoing", False)]
+    if not running:
+        return None
+    return Match(
+        summary=(
+            f"the first collectives (SeqNum ≤ {max(t.seq for t in early)}) timed out while "
+            f"'{running[0].desc}' was still running on one process"
+        ),
+        evidence=cite(running[:2] + early[:2], "startup_work_running"),
+    )
+
+
 def _first_barrier_timed_out(f: Facts) -> Match | None:
     """Every rank timed out in one of the job's very first collectives, a barrier-sized one:
     some rank was still busy with start-up work (preprocessing, downloading, loading weights)
@@ -685,8 +713,10 @@ def _first_barrier_timed_out(f: Facts) -> Match | None:
     if not f.timeouts or f.has_crash_or_hardware() or f.of("nccl_connect_failed"):
         return None
     early = [t for t in f.timeouts if t.seq is not None and t.seq <= 5]
+    if len(early) != len(f.timeouts):
+        return None
     small = [t for t in early if t.numel_in is not None and 0 < t.numel_in <= 16]
-    if len(early) != len(f.timeouts) or not small:
+    if not small:
         return None
     return Match(
         # A weak sign: the first collective timing out shows a rank was late at start-up, not
@@ -1297,6 +1327,18 @@ RULES: tuple[Rule, ...] = (
         "`main_process_first()` with a longer window), and raise the timeout for that phase: "
         "`ddp_timeout` / init_process_group(timeout=timedelta(hours=2)).",
         _preprocessing_outlasted_timeout,
+    ),
+    Rule(
+        "startup_work_running",
+        "The first collectives timed out while one process's data preparation was still "
+        "running (a preparation bar short of its end, faiss k-means under way)",
+        ("progress_bar", "phase_duration", "watchdog_timeout"),
+        "timeout_too_short",
+        0.7,
+        "Preprocess ahead of training (tokenize or cache offline, or inside "
+        "`main_process_first()` with a longer window) and raise the timeout for start-up: "
+        "init_process_group(timeout=timedelta(hours=2)), HF `ddp_timeout`.",
+        _startup_work_running,
     ),
     Rule(
         "first_barrier_timed_out",

@@ -200,6 +200,8 @@ _WORDS: tuple[str, ...] = tuple(
 # One search for all of them: the same answer as ``any(w in low for w in _WORDS)``, in C.
 _ANY_WORD = re.compile("|".join(re.escape(w) for w in _WORDS))
 
+# The head of a bar, up to its percentage: "Scanning '…' images and labels...:   6%|".
+_CUT_BAR = re.compile(r"(?P<desc>[^\s|:\[\]][^|:\[\]]{0,160}?):\s*(?P<pct>\d{1,3})%\|")
 MAX_BARS = 100
 # One token with a digit in it, the shape of a host name ("a40-node11", "gpu-b07.cluster").
 _HOST_PREFIX = re.compile(r"[A-Za-z][\w-]*\d[\w.-]*")
@@ -345,10 +347,13 @@ class ConfigParser:
         # loader counts into it (yolov5: "Scanning '…/labels/train' images and labels...43718
         # found, 110 missing, 0 empty, 7 corrupted"): up to 160 characters.
         cut = text.rfind("%|")
-        if "<" not in text[cut:]:
-            return
-        last = _BAR.search(text, max(0, cut - 200, text.rfind("]", 0, cut) + 1))
+        last = None
+        if "<" in text[cut:]:
+            last = _BAR.search(text, max(0, cut - 200, text.rfind("]", 0, cut) + 1))
         if last is None:
+            # A bar cut before its counts (a line glued onto it, an excerpt that stops there):
+            # its description and that it was still drawing are all it says.
+            self._cut_bar(ctx, text, cut)
             return
         desc = (last.group("desc") or "").strip()
         if last.start() == 0 and _HOST_PREFIX.fullmatch(desc):
@@ -368,7 +373,17 @@ class ConfigParser:
             elapsed_s=elapsed,
             done=int(last.group("done")),
             total=int(total) if total.isdigit() else None,
+            percent=int(last.group("pct")),
         )
+
+    def _cut_bar(self, ctx: dict, text: str, cut: int) -> None:
+        m = _CUT_BAR.search(text, max(0, cut - 200), cut + 2)
+        if m is None:
+            return
+        desc = m.group("desc").strip()
+        if desc in self._bars or len(self._bars) >= MAX_BARS or _HOST_PREFIX.fullmatch(desc):
+            return
+        self._bars[desc] = ProgressBar(**ctx, desc=desc, percent=int(m.group("pct")))
 
     def skip_raw(self, raw: bytes) -> bool:
         """A tqdm bar whose latest redraw shows less than a minute elapsed, on a line that

@@ -572,9 +572,10 @@ class ProgressBar(Event):
 
     kind: ClassVar[str] = "progress_bar"
     desc: str = ""
-    elapsed_s: int | None = None
+    elapsed_s: int | None = None  # None: the bar was cut before its times
     done: int | None = None
     total: int | None = None
+    percent: int | None = None
 
 
 for _cls in (

@@ -133,6 +133,7 @@ class PhaseDuration(Event):
     kind: ClassVar[str] = "phase_duration"
     desc: str = ""
     elapsed_s: float = 0.0
+    ongoing: bool = False  # a report of work still under way (its length so far), not its end
 
 
 register(PhaseDuration)
@@ -142,11 +143,13 @@ _PHASE_VERBS = (" took ", " finished in ", " completed in ", " done in ")
 # "decoded 2560/3003 sentences | 1068.2s elapsed", a converter's "(total 247s, …)", and faiss
 # k-means in verbose mode ("Iteration 17 (1679.36 s, search 1650.12 s): objective=…", the
 # format of faiss/Clustering.cpp). The line's words, digits masked, name the phase.
-_ONGOING_MARKS = ("s elapsed", "(total ", "s, search ")
+_ONGOING_MARKS = ("s elapsed", "(total ", "s, search ", "Clustering ")
 _ONGOING = re.compile(
     r"(?P<n>\d+(?:\.\d+)?)\s*s(?:ec(?:ond)?s?)?\s+elapsed\b"
     r"|\(total (?P<t>\d+(?:\.\d+)?)\s*s\b"
     r"|\bIteration \d+ \((?P<k>\d+(?:\.\d+)?) s, search \d+(?:\.\d+)? s\)"
+    # faiss's header as k-means starts: "Clustering 111099511 points in 128D to 524288 clusters"
+    r"|\bClustering (?P<points>\d+) points in \d+D to \d+ clusters"
 )
 _DIGITS = re.compile(r"\d+(?:[.,/]\d+)*")
 _PHASE = re.compile(
@@ -205,8 +208,8 @@ class PhaseDurationParser:
         if not found:
             return
         m = found[-1]
-        if m.group("k") is not None:
-            desc, seconds = "k-means clustering (faiss)", float(m.group("k"))
+        if m.group("k") is not None or m.group("points") is not None:
+            desc, seconds = "k-means clustering (faiss)", float(m.group("k") or 0)
         else:
             before = text[: m.start()]
             # The phase's words: after the logger's prefix, digits masked ("decoded N sentences").
@@ -216,16 +219,23 @@ class PhaseDurationParser:
             seconds = float(m.group("n") or m.group("t"))
         if not desc or LOCKSTEP_WORK.search(desc):
             return
-        self._keep(line, pre, desc, seconds)
+        self._keep(line, pre, desc, seconds, ongoing=True)
 
-    def _keep(self, line: Line, pre: Prefix, desc: str, seconds: float) -> None:
+    def _keep(
+        self, line: Line, pre: Prefix, desc: str, seconds: float, ongoing: bool = False
+    ) -> None:
         old = self._phases.get(desc)
         if (old is not None and old.elapsed_s >= seconds) or (
             old is None and len(self._phases) >= MAX_PHASES
         ):
             return
         self._phases[desc] = PhaseDuration(
-            line=line.number, text=line.text, rank=pre.rank, desc=desc[:80], elapsed_s=seconds
+            line=line.number,
+            text=line.text,
+            rank=pre.rank,
+            desc=desc[:80],
+            elapsed_s=seconds,
+            ongoing=ongoing,
         )
 
     def flush(self) -> list[Event]:
