@@ -458,8 +458,9 @@ def uploads_sweep(now=None) -> dict[str, int]:
     classified after the settle window, or whose classification's claim outlived its lease.
     Each task is safe to run twice, so a message that was merely slow costs one no-op claim;
     what the sweep sent is marked and not sent again for FLEETWATCH_SWEEP_REPUBLISH_SECONDS, so
-    a backlog (workers down) does not grow by every unfinished item each sweep. Stops at the
-    first failed publish: the broker is down and the next sweep will try again."""
+    a backlog (workers down) does not grow by every unfinished item each sweep, unless a worker
+    claimed it after it was sent (the message was consumed) and then let the claim lapse. Stops
+    at the first failed publish: the broker is down and the next sweep will try again."""
     now = now or timezone.now()
     grace = timedelta(seconds=settings.FLEETWATCH_SWEEP_GRACE_SECONDS)
     settle = timedelta(seconds=settings.FLEETWATCH_SETTLE_SECONDS)
@@ -471,7 +472,13 @@ def uploads_sweep(now=None) -> dict[str, int]:
             Q(status=Upload.Status.RECEIVED, received_at__lt=now - grace)
             | Q(status=Upload.Status.PARSING, parsed_at__lt=now - parse_lease())
         )
-        .filter(Q(published_at__isnull=True) | Q(published_at__lt=sent_before))
+        .filter(
+            Q(published_at__isnull=True)
+            | Q(published_at__lt=sent_before)
+            # Claimed after the sweep sent it: that message was consumed, by a worker that is
+            # gone now (its lease lapsed). No message is left to wait for.
+            | Q(status=Upload.Status.PARSING, parsed_at__gt=F("published_at"))
+        )
         .order_by("received_at")
         .values_list("pk", flat=True)[:batch]
     )
@@ -481,7 +488,11 @@ def uploads_sweep(now=None) -> dict[str, int]:
         .filter(
             Q(classify_claimed_at__isnull=True) | Q(classify_claimed_at__lt=now - classify_lease)
         )
-        .filter(Q(classify_published_at__isnull=True) | Q(classify_published_at__lt=sent_before))
+        .filter(
+            Q(classify_published_at__isnull=True)
+            | Q(classify_published_at__lt=sent_before)
+            | Q(classify_claimed_at__gt=F("classify_published_at"))
+        )
         .exclude(uploads__status__in=[Upload.Status.RECEIVED, Upload.Status.PARSING])
         .order_by("last_parsed_at")
         .values_list("pk", flat=True)[:batch]

@@ -63,3 +63,46 @@ def test_a_sweep_sends_left_work_once_until_the_republish_interval_passes(broker
     # Long enough that the broker may have lost them: sent once more.
     assert uploads_sweep(now + timedelta(minutes=6)) == {"uploads": 3, "attempts": 0}
     assert broker.llen("ingest") == 6
+
+
+def test_work_a_worker_took_and_then_dropped_is_sent_again_at_once(broker, settings):
+    """The sweep's message was consumed: a worker claimed the upload after it was sent, then
+    died (its lease lapsed). No message is left queued, so the republish interval, which is
+    there to leave queued messages alone, does not hold it back."""
+    settings.FLEETWATCH_SWEEP_GRACE_SECONDS = 60
+    settings.FLEETWATCH_SWEEP_REPUBLISH_SECONDS = 300
+    settings.FLEETWATCH_PARSE_LEASE_SECONDS = 30
+    settings.FLEETWATCH_CLASSIFY_LEASE_SECONDS = 30
+    settings.FLEETWATCH_SETTLE_SECONDS = 10
+    now = timezone.now()
+    job = Job.objects.create(external_id="dropped")
+    attempt = Attempt.objects.create(job=job)
+    host = Host.objects.create(hostname="gpu-dropped")
+    upload = Upload.objects.create(
+        host=host,
+        job=job,
+        attempt=attempt,
+        filename="rank0.log",
+        sha256="d" * 64,
+        size=1,
+        received_at=now - timedelta(minutes=5),
+    )
+    assert uploads_sweep(now) == {"uploads": 1, "attempts": 0}
+    app_queue = broker.llen("ingest")
+    # A worker takes the message 10 s later, then dies: its claim is never renewed.
+    Upload.objects.filter(pk=upload.pk).update(
+        status=Upload.Status.PARSING, parsed_at=now + timedelta(seconds=10)
+    )
+    broker.delete("ingest")  # the message was consumed
+    assert uploads_sweep(now + timedelta(seconds=30)) == {"uploads": 0, "attempts": 0}  # held
+    assert uploads_sweep(now + timedelta(seconds=60)) == {"uploads": 1, "attempts": 0}
+    assert broker.llen("ingest") == 1 and app_queue == 1
+
+    # The same for a classification: sent by the sweep, claimed after, the claim lapsed.
+    Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.PARSED)
+    Attempt.objects.filter(pk=attempt.pk).update(last_parsed_at=now - timedelta(minutes=5))
+    later = now + timedelta(minutes=2)
+    assert uploads_sweep(later)["attempts"] == 1
+    Attempt.objects.filter(pk=attempt.pk).update(classify_claimed_at=later + timedelta(seconds=5))
+    assert uploads_sweep(later + timedelta(seconds=20))["attempts"] == 0  # still held
+    assert uploads_sweep(later + timedelta(seconds=60))["attempts"] == 1
