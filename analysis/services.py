@@ -103,6 +103,22 @@ def attempt_claim_for_classify(attempt_id: int, now) -> bool:
     )
 
 
+def classify_lease_renewed(attempt_id: int):
+    """The attempt's classification claim renewed while the block runs (fleet.celery.
+    lease_renewed): a short lease then suffices for a classification of any length, and a dead
+    worker's is taken over within a lease and a sweep."""
+    from fleet.celery import lease_renewed
+
+    def renew() -> None:
+        Attempt.objects.filter(pk=attempt_id, classify_claimed_at__isnull=False).update(
+            classify_claimed_at=timezone.now()
+        )
+
+    return lease_renewed(
+        f"attempt {attempt_id} classification", renew, classify_lease().total_seconds()
+    )
+
+
 # A classification run that ended with its worker (killed for memory or time, crashed) is
 # taken over once its lease lapses; the same events would end the next worker the same way.
 MAX_CLASSIFY_TRIES = 3

@@ -39,7 +39,8 @@ def attempt_classify(self, attempt_id: int, takeover: bool = False, complete: bo
             # ``takeover``, reported back and does not count).
             return
         try:
-            services.incident_classify(attempt, now)
+            with services.classify_lease_renewed(attempt_id):
+                services.incident_classify(attempt, now)
         except DATABASE_TRANSIENT:
             raise
         except Exception:

@@ -135,3 +135,33 @@ class EagerCountdowns:
 
 
 eager_countdowns = EagerCountdowns()
+
+
+@contextlib.contextmanager
+def lease_renewed(name: str, renew, lease_s: float):
+    """Call ``renew()`` every third of the lease while the block runs, from a thread of its own:
+    a claim (a parse's, a classification's) must outlive its work only as long as its worker
+    does. SQLite (the embedded default: one process, eager tasks) has no other worker to take
+    over, and its connections are not shared across threads: no renewal there."""
+    if connections["default"].vendor == "sqlite":
+        yield
+        return
+    stop = threading.Event()
+    every = lease_s / 3
+
+    def loop() -> None:
+        try:
+            while not stop.wait(every):
+                renew()
+        except Exception:  # the claim then lapses, and the work is taken over: safe
+            log.exception("%s: renewing the claim failed", name)
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    renewer = threading.Thread(target=loop, name=f"lease-{name}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join(timeout=every)

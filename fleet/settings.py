@@ -242,18 +242,18 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # has no live message: uploads still received after the grace (their publish failed, or the
 # broker lost the message), claims whose lease ran out, and attempts parsed but never
 # classified. A re-enqueued upload whose message was only queued costs one no-op claim.
-# A claim is a lease: a parse renews its claim every third of the lease while it runs, a
-# classification (seconds) holds its claim for the lease; a claim not renewed belongs to a worker
-# that died, and the next sweep hands its work to another. A dead worker's work is taken over
-# within a lease plus a sweep interval (30 + 60 s), not the broker's visibility timeout.
+# A claim is a lease its worker renews every third of the lease while the work runs (a parse,
+# a classification: fleet.celery.lease_renewed); a claim not renewed belongs to a worker that
+# died, and the next sweep hands its work to another. A dead worker's work is taken over within
+# a lease plus a sweep interval (30 + 30 s), not the broker's visibility timeout.
 FLEETWATCH_PARSE_LEASE_SECONDS = env_float("FLEETWATCH_PARSE_LEASE_SECONDS", 30.0, minimum=1.0)
 FLEETWATCH_CLASSIFY_LEASE_SECONDS = env_float(
-    "FLEETWATCH_CLASSIFY_LEASE_SECONDS", 60.0, minimum=1.0
+    "FLEETWATCH_CLASSIFY_LEASE_SECONDS", 30.0, minimum=1.0
 )
 # Seconds one parse may run (a 4 GiB log parses in well under a minute here): past it the parse
 # is failed with the reason, and a worker stuck where Python cannot stop it is killed 5 s later.
 FLEETWATCH_PARSE_TIME_LIMIT = env_int("FLEETWATCH_PARSE_TIME_LIMIT", 600, minimum=1)
-FLEETWATCH_SWEEP_SECONDS = env_float("FLEETWATCH_SWEEP_SECONDS", 60.0, minimum=1.0)
+FLEETWATCH_SWEEP_SECONDS = env_float("FLEETWATCH_SWEEP_SECONDS", 30.0, minimum=1.0)
 FLEETWATCH_SWEEP_GRACE_SECONDS = env_float("FLEETWATCH_SWEEP_GRACE_SECONDS", 120.0, minimum=0.0)
 FLEETWATCH_SWEEP_BATCH = env_int("FLEETWATCH_SWEEP_BATCH", 500, minimum=1)
 # Work the sweep re-published is not re-published again for this long: its message may be

@@ -6,17 +6,15 @@ import errno
 import hashlib
 import json
 import logging
-import threading
 import time
 import zlib
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 
 from django.conf import settings
 from django.core.files.base import File
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -271,36 +269,17 @@ def parse_lease() -> timedelta:
     return timedelta(seconds=settings.FLEETWATCH_PARSE_LEASE_SECONDS)
 
 
-@contextmanager
 def parse_lease_renewed(upload_id: int):
-    """Renew the upload's parse claim every third of the lease while the block runs, from a
-    thread of its own: a parse of a big log runs for minutes, and the claim must outlive it only
-    as long as its worker does. SQLite (the embedded default: one process, eager tasks) has no
-    other worker to take over, and its connections are not shared across threads: no renewal."""
-    if connection.vendor == "sqlite":
-        yield
-        return
-    stop = threading.Event()
-    every = parse_lease().total_seconds() / 3
+    """The upload's parse claim renewed while the block runs: a parse of a big log runs for
+    minutes (fleet.celery.lease_renewed)."""
+    from fleet.celery import lease_renewed
 
     def renew() -> None:
-        try:
-            while not stop.wait(every):
-                Upload.objects.filter(pk=upload_id, status=Upload.Status.PARSING).update(
-                    parsed_at=timezone.now()
-                )
-        except Exception:  # the claim then lapses, and the work is taken over: safe
-            log.exception("upload %s: renewing the parse claim failed", upload_id)
-        finally:
-            connections.close_all()  # this thread's connections only
+        Upload.objects.filter(pk=upload_id, status=Upload.Status.PARSING).update(
+            parsed_at=timezone.now()
+        )
 
-    renewer = threading.Thread(target=renew, name=f"parse-lease-{upload_id}", daemon=True)
-    renewer.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        renewer.join(timeout=every)
+    return lease_renewed(f"upload {upload_id} parse", renew, parse_lease().total_seconds())
 
 
 def _claim(upload_id: int, *, takeover: bool = False, retry: bool = False) -> bool:

@@ -46,3 +46,25 @@ def test_a_running_parse_renews_its_claim_and_stops_when_it_ends(settings):
     # Ended: the parse's own result is what counts now, and no renewal overwrites it.
     Upload.objects.filter(pk=upload.pk).update(status=Upload.Status.PARSED, parsed_at=claimed)
     assert parsed_at(upload) == claimed
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="no renewal on the embedded default")
+def test_a_running_classification_renews_its_claim_and_stops_when_it_ends(settings):
+    from analysis.services import classify_lease_renewed
+
+    settings.FLEETWATCH_CLASSIFY_LEASE_SECONDS = 0.3  # renewed every 0.1 s
+    claimed = timezone.now() - timedelta(minutes=5)
+    job = Job.objects.create(external_id="classify-lease")
+    attempt = Attempt.objects.create(job=job, classify_claimed_at=claimed)
+
+    def claim():
+        return Attempt.objects.values_list("classify_claimed_at", flat=True).get(pk=attempt.pk)
+
+    with classify_lease_renewed(attempt.pk):
+        deadline = time.monotonic() + 30
+        while claim() == claimed:
+            assert time.monotonic() < deadline, "the claim was never renewed"
+            time.sleep(0.05)
+    # Done: the claim is released, and no renewal sets it again.
+    Attempt.objects.filter(pk=attempt.pk).update(classify_claimed_at=None)
+    assert claim() is None
