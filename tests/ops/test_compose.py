@@ -11,7 +11,9 @@ COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 
 def test_every_service_restarts_on_its_own_and_the_workers_cover_both_queues():
     services = yaml.safe_load(COMPOSE.read_text())["services"]
-    assert {"postgres", "redis", "web", "worker-ingest", "worker-analysis", "beat"} <= set(services)
+    assert {"postgres", "redis", "web", "proxy", "worker-ingest", "worker-analysis", "beat"} <= set(
+        services
+    )
     for name, service in services.items():
         assert service.get("restart") in ("always", "unless-stopped"), name
     queues = set()
@@ -19,3 +21,14 @@ def test_every_service_restarts_on_its_own_and_the_workers_cover_both_queues():
         command = services[name]["command"]
         queues |= set(command[command.index("-Q") + 1].split(","))
     assert queues == {"ingest", "analysis"}
+
+
+def test_the_web_tier_is_reached_through_the_proxy_only():
+    """gunicorn's sync workers sit behind nginx (tests/ops/test_proxy.py runs that config)."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    assert "ports" not in services["web"]
+    proxy = services["proxy"]
+    [mount] = [v for v in proxy["volumes"] if v.endswith("/etc/nginx/conf.d/default.conf:ro")]
+    conf = COMPOSE.parent / mount.split(":")[0]
+    assert conf.is_file() and "server web:8000;" in conf.read_text()
+    assert proxy["ports"] == ["8000:80"]
