@@ -90,3 +90,27 @@ class QueryTextMiddleware:
                     status=400,
                 )
         return self.get_response(request)
+
+
+class BodyLengthMiddleware:
+    """A request body sent chunked (``Transfer-Encoding: chunked``) with no ``Content-Length``
+    is a 411 saying so. WSGI has no standard way to read such a body, and Django reads a body of
+    CONTENT_LENGTH bytes: the upload would arrive empty and fail as a misleading "no file". The
+    shipped nginx front reads a chunked body whole and passes it on with its length; only a
+    client talking to gunicorn directly meets this."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if chunked and not request.META.get("CONTENT_LENGTH"):
+            return JsonResponse(
+                {
+                    "detail": "the body was sent chunked with no Content-Length, which this "
+                    "server cannot read: send the length (curl -F and the agent do), or send "
+                    "through the nginx front, which adds it"
+                },
+                status=411,
+            )
+        return self.get_response(request)

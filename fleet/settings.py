@@ -53,6 +53,8 @@ MIDDLEWARE = [
     "fleet.middleware.UnavailableMiddleware",
     # A NUL in a query parameter answers 400 with the reason, before any filter runs.
     "fleet.middleware.QueryTextMiddleware",
+    # A chunked body with no length answers 411 with the reason (WSGI cannot read it).
+    "fleet.middleware.BodyLengthMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -397,3 +397,30 @@ def test_a_log_that_inflates_past_what_the_request_checks_is_accepted_and_parsed
     upload = Upload.objects.get()
     assert upload.compressed and upload.status == Upload.Status.PARSED, upload.error
     assert Event.objects.filter(upload=upload, kind="watchdog_timeout").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chunked_upload_without_a_length_is_a_411_saying_so(live_server, upload_key):
+    """Sent straight to the WSGI server (no nginx in front to add the length): the body would
+    arrive empty and fail as a missing file; the answer says what is wrong instead."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(live_server.url)
+    body = b'--b\r\nContent-Disposition: form-data; name="host"\r\n\r\ngpu-1\r\n--b--\r\n'
+    request = (
+        b"POST /api/v1/uploads HTTP/1.1\r\n"
+        + f"Host: {url.netloc}\r\nAuthorization: Bearer {upload_key}\r\n".encode()
+        + b"Content-Type: multipart/form-data; boundary=b\r\nTransfer-Encoding: chunked\r\n"
+        b"Connection: close\r\n\r\n" + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    )
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 411"), head
+    assert "chunked" in json.loads(payload)["detail"]
+    assert not Upload.objects.exists()
