@@ -179,6 +179,11 @@ FLEETWATCH_MAX_UPLOAD_BYTES = env_int("FLEETWATCH_MAX_UPLOAD_BYTES", 256 * 1024 
 FLEETWATCH_MAX_INFLATED_BYTES = env_int(
     "FLEETWATCH_MAX_INFLATED_BYTES", 4 * 1024 * 1024 * 1024, minimum=1
 )
+# How far the request itself inflates a gzip upload to check it (about half a second of zlib on
+# a busy core); the parse in the worker reads past it (ingest.services._scan).
+FLEETWATCH_REQUEST_INFLATE_BYTES = env_int(
+    "FLEETWATCH_REQUEST_INFLATE_BYTES", 256 * 1024 * 1024, minimum=1
+)
 # Django keeps small uploads in memory and spools larger ones to a temporary file.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024

@@ -52,11 +52,10 @@ class Received:
     created: bool
 
 
-# The request inflates a gzip upload only this far (about half a second of zlib on a busy core):
-# every upload that inflates to less is checked whole here (corrupt, truncated, over the bound:
+# The request inflates a gzip upload only as far as FLEETWATCH_REQUEST_INFLATE_BYTES: every
+# upload that inflates to less is checked whole here (corrupt, truncated, over the bound:
 # 400/413 with the reason). Past it the request stops inflating and stores the bytes; the parse
 # in the worker reads the rest under its time limit and keeps what precedes a cut.
-REQUEST_INFLATE_BYTES = 256 * 1024 * 1024
 # DEFLATE cannot exceed 1032x (a 258-byte match in two bits); only runs of one byte value come
 # near it. A log does not: one line repeated verbatim compresses about 300x, NCCL INFO 8x. Past
 # this ratio (measured once a few MiB are out) the stream is a bomb, refused at once.
@@ -67,7 +66,7 @@ BOMB_CHECK_AFTER = 16 * 1024 * 1024
 def _scan(fileobj) -> tuple[str, int, bytes, bool]:
     """sha256, size, the (decompressed) head, and whether it is gzip — checking on the way
     that a gzip stream is whole and does not inflate beyond the configured bound (as far as
-    REQUEST_INFLATE_BYTES; see above) or like a bomb."""
+    FLEETWATCH_REQUEST_INFLATE_BYTES; see above) or like a bomb."""
     digest = hashlib.sha256()
     size = 0
     head = b""
@@ -122,7 +121,7 @@ def _scan(fileobj) -> tuple[str, int, bytes, bool]:
                                 "byte value, not a log): refused as a decompression bomb",
                                 413,
                             )
-                        if inflated >= REQUEST_INFLATE_BYTES:
+                        if inflated >= settings.FLEETWATCH_REQUEST_INFLATE_BYTES:
                             inflating = False  # the rest is the worker's (see above)
                             break
                         # At a member's end what follows is in unused_data (and unconsumed_tail
