@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ingest.parsers.events import Event
 from ingest.parsers.progress import LOCKSTEP_WORK
@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.9"
+RULESET_VERSION = "2026.11.26.10"
 NAME_THRESHOLD = 0.5
 
 
@@ -314,8 +314,17 @@ def _is_peer_gone(e) -> bool:
     )
 
 
+# torch.multiprocessing.spawn's summary of a child's end, raised in the parent: "process 0
+# terminated with signal SIGABRT" (the watchdog's abort) or "with exit code 1" (the child's own
+# traceback, printed above it, is the failure). Only a fault signal in it is news of a death.
+_SPAWN_SUMMARY = ("processexitedexception", "processraisedexception")
+_FAULTS_IN_TEXT = ("sigkill", "sigsegv", "sigbus", "sigill", "sigfpe")
+
+
 def _is_timeout_exception(e) -> bool:
     text = f"{e.exc_type} {e.message}".lower()
+    if any(word in text for word in _SPAWN_SUMMARY):
+        return not any(signal in text for signal in _FAULTS_IN_TEXT)
     return any(
         word in text
         for word in (
@@ -574,19 +583,41 @@ def _stack_waits_on_data(f: Facts) -> Match | None:
     if not f.failed:
         return None
     waiting = [s for s in f.of("stack_sample") if s.waits_on_data and s.rank is not None]
+    waiting += _unnamed_laggard_stacks(f)
     if not waiting:
         return None
     ranks = sorted({s.rank for s in waiting})
     return Match(
         summary=(
-            f"rank {_short(ranks)} was blocked waiting for its next batch when its stack was "
-            f"dumped ({waiting[0].frames[0]} under {_data_frame(waiting[0].frames)})"
+            f"rank {_short(ranks)} was in its DataLoader (waiting for its next batch, or "
+            f"loading it itself) when its stack was dumped ({waiting[0].frames[0]} under "
+            f"{_data_frame(waiting[0].frames)})"
         ),
         evidence=cite(waiting, "stack_in_dataloader"),
         suspects=tuple(
             Suspect("rank", str(r), "its stack waits on its DataLoader") for r in ranks[:8]
         ),
     )
+
+
+def _unnamed_laggard_stacks(f: Facts) -> list:
+    """A py-spy dump names its process, not its rank. When exactly one rank of the group never
+    reported the collective the others timed out in, and the launcher accounts for the dumped
+    process as none of those its watchdog aborted (exit -6, SIGABRT: they were waiting), the
+    process dumped in its data loading is that rank."""
+    silent = f.silent_ranks() | f.missing_ranks()
+    if len(silent) != 1:
+        return []
+    records = f.of("failure_record") + f.of("worker_failed")
+    aborted = {e.pid for e in records if e.pid and (e.signal == "SIGABRT" or e.exitcode == -6)}
+    if not aborted:
+        return []
+    (rank,) = silent
+    return [
+        replace(s, rank=rank)
+        for s in f.of("stack_sample")
+        if s.waits_on_data and s.rank is None and s.pid and s.pid not in aborted
+    ]
 
 
 def _data_frame(frames: tuple[str, ...]) -> str:

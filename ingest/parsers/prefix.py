@@ -35,6 +35,12 @@ _PREFIXES = re.compile(
 )
 
 
+# pdsh (DeepSpeed's multi-node launcher, `pdsh -w`) puts "host: " before every line of every
+# node: outermost, and a host name has a digit in it ("ip-10-0-7-12", "gpu-a101"). Stripped so
+# that what follows reads as it would on one node (a traceback, a bar, the rank's own prefix).
+_PDSH = re.compile(r"(?P<host>[A-Za-z][\w.-]*\d[\w.-]*):\s(?=\S)")
+
+
 @dataclass(frozen=True, slots=True)
 class Prefix:
     rank: int | None
@@ -48,6 +54,9 @@ class Prefix:
 def split_prefix(text: str) -> Prefix:
     rank = local_rank = task = None
     pos = 0
+    pdsh = _PDSH.match(text) if ": " in text[:64] else None
+    if pdsh is not None:
+        pos = pdsh.end()
     for _ in range(6):  # a bounded number of nested prefixes
         m = _PREFIXES.match(text, pos)
         if not m or m.end() == pos:

@@ -2,6 +2,9 @@
 for its data.
 
 Formats read (each names its source):
+  - pytorch/examples' ImageNet trainer (and its many copies): ``Time  0.903 ( 0.640)\tData
+    0.352 ( 0.090)``, each meter's value for the batch, then its running average;
+  - pipe-separated step lines: ``| data 0.736s | step 1.356s |``;
   - mmengine/mmcv and detectron2: ``… time: 0.5123  data_time: 0.0123 …`` (``IterTimerHook``:
     ``time`` is the whole iteration, ``data_time`` the wait for the batch);
   - trainers that print ``step_time 0.118s | data_time 0.035s`` or ``step_time=…`` (the same
@@ -31,7 +34,7 @@ from .events import Event, register
 from .lines import Line
 from .prefix import Prefix
 
-_WORDS = ("data_time", "step_time", "data-time", "elapsed/step")
+_WORDS = ("data_time", "step_time", "data-time", "elapsed/step", "\tData ", "| data ")
 HEAD_STEPS = 50
 TAIL_STEPS = 200
 
@@ -51,6 +54,18 @@ _DATA = re.compile(r"\bdata[_-]time\s*[:=]?\s*" + _NUM.format("v"))
 _STEP_TIME = re.compile(r"(?:\bstep[_-]time|(?<![\w-])time)\s*[:=]?\s*" + _NUM.format("v"))
 _ITER_TIME = re.compile(r"\biter[_-]time\s*[:=]?\s*" + _NUM.format("v"))
 _ELAPSED = re.compile(r"\belapsed/step\s*[:=]?\s*" + _NUM.format("v"))
+# pytorch/examples' ImageNet trainer and the many scripts copied from it: ProgressMeter prints
+# AverageMeter('Time', ':6.3f') and AverageMeter('Data', ':6.3f') as "Time  0.903 ( 0.640)\t
+# Data  0.352 ( 0.090)": the batch's own value, then the running average.
+_METERS = re.compile(
+    r"\bTime\s+(?P<t>\d+(?:\.\d+)?)\s+\(\s*[\d.]+\)\s+Data\s+(?P<d>\d+(?:\.\d+)?)\s+\("
+)
+# Pipe-separated step lines: "| data 0.736s | step 1.356s |".
+_PIPES = re.compile(
+    r"\|\s*data\s+(?P<d>\d+(?:\.\d+)?)\s*(?P<du>ms|s)\s*\|\s*step\s+"
+    r"(?P<t>\d+(?:\.\d+)?)\s*(?P<tu>ms|s)\b"
+)
+_EPOCH_BATCH = re.compile(r"\[(?P<e>\d+)\]\[\s*(?P<b>\d+)/\d+\]")
 # "[rank3]" (PyTorch's own prefix style) and "[rank 3]" (trainers' logging formatters).
 _RANK_TAG = re.compile(r"\[rank ?(\d{1,6})\]")
 _INDEX = re.compile(
@@ -77,6 +92,14 @@ class TrainerProgressParser:
         if not any(word in text for word in _WORDS):
             return []  # a line decoded for another parser
         step_s = data_s = None
+        m = (_METERS.search(text) if "\tData " in text else None) or (
+            _PIPES.search(text) if "| data " in text else None
+        )
+        if m is not None:
+            scale = {"ms": 0.001}
+            step_s = float(m.group("t")) * scale.get(m.groupdict().get("tu") or "s", 1.0)
+            data_s = float(m.group("d")) * scale.get(m.groupdict().get("du") or "s", 1.0)
+            return self._keep(line, pre, text, step_s, data_s)
         d = _DATA.search(text) if "data" in text else None
         if d:
             data_s = _seconds(d)
@@ -92,6 +115,9 @@ class TrainerProgressParser:
             step_s = _seconds(e) if e else None
         if step_s is None and data_s is None:
             return []
+        return self._keep(line, pre, text, step_s, data_s)
+
+    def _keep(self, line: Line, pre: Prefix, text: str, step_s, data_s) -> list[Event]:
         rank = pre.rank
         if rank is None:
             # Trainers' loggers often put the tag after their timestamp: "[2026-…][rank3] …".
@@ -101,6 +127,9 @@ class TrainerProgressParser:
         self._count[rank] = n + 1
         idx = _INDEX.search(text)
         step = int(next(g for g in idx.groups() if g is not None)) if idx else n
+        if idx is None and "][" in text:
+            eb = _EPOCH_BATCH.search(text)  # "Epoch: [7][1200/2150]": ordered by epoch, batch
+            step = int(eb.group("e")) * 1_000_000 + int(eb.group("b")) if eb else n
         event = TrainerStep(
             line=line.number, text=line.text, rank=rank, step=step, step_s=step_s, data_s=data_s
         )

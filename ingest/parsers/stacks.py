@@ -30,6 +30,7 @@ _FH_HEAD = re.compile(
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>[\w<>.]+) \((?P<file>[^():]+):\d+\)")
 _FH_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line \d+ in (?P<func>[\w<>.]+)')
 
+_PYSPY_PROCESS = re.compile(r"^Process (?P<pid>\d+): ")
 _WAITS = ("get", "wait", "poll", "_poll", "select", "acquire", "recv", "_recv", "read")
 _STDLIB = ("threading.py", "queue.py", "selectors.py", "multiprocessing/", "socket.py", "ssl.py")
 
@@ -40,13 +41,21 @@ class StackSample(Event):
     thread: str = ""
     frames: tuple[str, ...] = ()  # "func (file)", innermost first
     waits_on_data: bool = False
+    pid: int | None = None  # py-spy's "Process 40215: …" header of the dump
 
 
 register(StackSample)
 
 
 def waits_on_data(frames: list[tuple[str, str]]) -> bool:
-    """Innermost first: a wait in the standard library, reached from a data-loading frame."""
+    """Innermost first: a wait in the standard library, reached from a data-loading frame; or
+    the loading itself in this thread (``num_workers=0``: the DataLoader's single-process
+    iterator fetches through torch/utils/data/_utils/fetch.py, the dataset's ``__getitem__``
+    decoding in the training process)."""
+    if any(func == "_worker_loop" for func, _ in frames):
+        return False  # a DataLoader worker process: the loader's own, not the rank's wait
+    if any("torch/utils/data/_utils/fetch.py" in path for _, path in frames):
+        return True
     if not frames or frames[0][0] not in _WAITS:
         return False
     for func, path in frames:
@@ -60,13 +69,19 @@ def waits_on_data(frames: list[tuple[str, str]]) -> bool:
 
 
 class StackParser:
-    triggers = (b'"MainThread"', b"(most recent call first):")
+    triggers = (b'"MainThread"', b"(most recent call first):", b"Process ")
 
     def __init__(self) -> None:
         self._open: tuple[Line, Prefix, str, list[tuple[str, str]]] | None = None
+        self._pid: int | None = None  # the process of the py-spy dump being read
 
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest
+        if text.startswith("Process ") and self._open is None:
+            m = _PYSPY_PROCESS.match(text)
+            if m:
+                self._pid = int(m.group("pid"))
+            return []
         if self._open is not None:
             m = _PYSPY_FRAME.match(text) or _FH_FRAME.match(text)
             frames = self._open[3]
@@ -109,5 +124,6 @@ class StackParser:
                 # The main thread's wait is the rank's; a helper thread (pin_memory, a loader's
                 # feeder) waits on its queue by design, whatever the rank does.
                 waits_on_data=thread in ("MainThread", "current") and waits_on_data(frames),
+                pid=self._pid if thread == "MainThread" else None,
             )
         ]

@@ -28,7 +28,11 @@ twelfth (storage stalling one rank, storage_stall-*) scored 6 of 8 before anythi
 backup's rsync hung on NFS taken for the job's stall (only the job's own processes count now).
 A thirteenth (ranks on other code paths, code_paths-*) scored 5 of 8: DDP's "Expected to have
 finished reduction" (a rank's forward skipped parameters) was read as a plain crash; it is a
-knowledge-base entry naming its cause now."""
+knowledge-base entry naming its cause now. A fourteenth (stalled input pipelines, loader_stall-*)
+scored 3 of 8, two of the misses wrong names: step lines in the ImageNet example's meters and in
+pipes not read (a data-starved rank taken for a desync), pdsh's host prefix hiding tracebacks,
+mp.spawn's report of a watchdog abort taken for a crash, py-spy dumps of a num_workers=0
+process or of a pid not tied to their rank."""
 
 import json
 from pathlib import Path

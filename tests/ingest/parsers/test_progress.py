@@ -135,3 +135,34 @@ def test_a_training_loops_length_is_no_phase_and_a_phase_keeps_its_longest_repor
         "Saving checkpoint took 12 s\nSaving checkpoint took 700 s\nSaving checkpoint took 30 s\n"
     )
     assert save.elapsed_s == 700.0
+
+
+def test_the_imagenet_examples_time_and_data_meters_are_a_step_and_its_data_wait():
+    (e,) = steps(
+        "2021-06-14 21:47:16,101 INFO [rank2] Epoch: [7][1400/2150]\tTime  2.808 ( 0.892)\t"
+        "Data  2.265 ( 0.345)\tLoss 1.3588e+00 (1.3447e+00)\tAcc@1  58.33 ( 65.05)\n"
+    )
+    # The batch's own values, not the running averages in parentheses.
+    assert (e.rank, e.step_s, e.data_s) == (2, 2.808, 2.265)
+    later = steps(
+        "Epoch: [7][1500/2150]\tTime  1.0 ( 1.0)\tData  0.5 ( 0.5)\n"
+        "Epoch: [8][   0/2150]\tTime  1.0 ( 1.0)\tData  0.5 ( 0.5)\n"
+    )
+    assert later[0].step < later[1].step  # ordered by epoch, then batch
+
+
+def test_pipe_separated_data_and_step_times_with_their_units():
+    (e,) = steps(
+        "2024-01-17 10:44:20,178 INFO [rank 2] ep 3 it 1150/1562 | loss 0.9325 | "
+        "data 528ms | step 1.755s | clips/s 4.6\n"
+    )
+    assert (e.rank, e.step_s, e.data_s) == (2, 1.755, 0.528)
+
+
+def test_a_pdsh_host_prefix_is_not_part_of_the_line():
+    from ingest.parsers.prefix import split_prefix
+
+    pre = split_prefix("ip-10-0-7-12: [rank12]: RuntimeError: DataLoader worker exited")
+    assert (pre.rank, pre.rest) == (12, "RuntimeError: DataLoader worker exited")
+    # A logger's "name: message" with no digit in the name is left alone.
+    assert split_prefix("INFO: task started").rest == "INFO: task started"
