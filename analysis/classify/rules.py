@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.10"
+RULESET_VERSION = "2026.11.26.11"
 NAME_THRESHOLD = 0.5
 
 
@@ -645,7 +645,9 @@ def _not_training_wait(t) -> bool:
 # rank-0-only caching run them on one process while the others wait.
 _PREP_BAR = re.compile(
     r"^(?:map|filter)\b|tokeni[sz]|\bscanning\b|\bpreprocess|\bcaching\b|\bdownloading\b"
-    r"|\bextracting\b|\bgenerating \w+ split|\bgrouping texts|\bpacking\b",
+    r"|\bextracting\b|\bgenerating \w+ split|\bgrouping texts|\bpacking\b"
+    # transformers' squad/glue processors: "convert squad examples to features"
+    r"|\bto features\b",
     re.IGNORECASE,
 )
 

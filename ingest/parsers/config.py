@@ -181,10 +181,20 @@ _TRES = re.compile(r"\bcpu=(?P<cpus>\d+)(?:,[\w/:.-]+=[\w.]+)*?,node=(?P<nodes>\
 # tqdm: "Running tokenizer on dataset:   9%|███▊   | 280000/2969526 [29:55<4:48:08, 155.57
 # examples/s]" (tqdm 4.x, all versions); redraws are separated by CR, which lines.clean turns
 # into spaces, so the last match on a line is the bar's latest state.
+# Counts as tqdm prints them: "7726/1219862", or with unit_scale "2.01M/6.18M".
+_COUNT = r"\d+(?:\.\d+)?[kMGTPEZY]?"
 _BAR = re.compile(
     r"(?:(?P<desc>[^\s|:\[\]][^|:\[\]]{0,160}?):\s*)?(?P<pct>\d{1,3})%\|[^|]{0,200}\|\s*"
-    r"(?P<done>\d+)/(?P<total>\d+|\?)\s*\[(?P<el>(?:\d+:)?\d{1,2}:\d{2})<"
+    rf"(?P<done>{_COUNT})/(?P<total>{_COUNT}|\?)\s*\[(?P<el>(?:\d+:)?\d{{1,2}}:\d{{2}})<"
 )
+_SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "Z": 1e21, "Y": 1e24}
+
+
+def _count(text: str) -> int:
+    """A tqdm count, unit-scaled or not, as a number ("2.01M" is 2010000)."""
+    if text[-1] in _SCALE:
+        return round(float(text[:-1]) * _SCALE[text[-1]])
+    return int(float(text))
 
 # Every word without which no pattern of ConfigParser.feed can match, lower-case: the settings'
 # spellings (with "_" or "-"), and what bars, environment dumps, timeouts and versions contain.
@@ -371,8 +381,8 @@ class ConfigParser:
             **ctx,
             desc=desc,
             elapsed_s=elapsed,
-            done=int(last.group("done")),
-            total=int(total) if total.isdigit() else None,
+            done=_count(last.group("done")),
+            total=_count(total) if total != "?" else None,
             percent=int(last.group("pct")),
         )
 

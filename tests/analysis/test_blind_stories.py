@@ -32,7 +32,9 @@ knowledge-base entry naming its cause now. A fourteenth (stalled input pipelines
 scored 3 of 8, two of the misses wrong names: step lines in the ImageNet example's meters and in
 pipes not read (a data-starved rank taken for a desync), pdsh's host prefix hiding tracebacks,
 mp.spawn's report of a watchdog abort taken for a crash, py-spy dumps of a num_workers=0
-process or of a pid not tied to their rank."""
+process or of a pid not tied to their rank. A fifteenth (one process still preparing at start-up,
+startup_prep-*) scored 5 of 8: a unit-scaled bar ("2.01M/6.18M") not read (a desync named
+instead) and transformers' "convert squad examples to features" not known as preparation."""
 
 import json
 from pathlib import Path
@@ -71,6 +73,10 @@ KNOWN_MISSES: dict[str, str] = {
     # fires, but its calibration on dev (named once, on a case whose thread found no cause)
     # keeps it below naming.
     "code_paths-c": "unknown",
+    # Megatron builds its dataset indices on rank 0 at start-up and says so only in its own INFO
+    # lines ("Build and save the GPTDataset train indices"), with no times and no bar: nothing
+    # read shows that work still running when the barrier at SeqNum 8 expired.
+    "startup_prep-f": "unknown",
 }
 
 

@@ -199,3 +199,16 @@ def test_settings_far_from_the_start_of_a_big_file_are_not_looked_for():
     noise = b"step 1 loss 0.5\n" * (HEAD_BYTES // 16 + 10)
     found = settings((noise + b"num_workers: 4\nNCCL_DEBUG=WARN\n").decode())
     assert found == {"nccl_debug": "WARN"}
+
+
+def test_a_unit_scaled_bar_gives_its_counts_and_elapsed_time():
+    from ingest.parsers import parse_log
+
+    text = "[rank0]:reading headers:  33%|███▎      | 2.01M/6.18M [04:47<09:47, 7.10kimg/s]\n"
+    (bar,) = [e for e in parse_log(text.encode()).events if e.kind == "progress_bar"]
+    assert (bar.desc, bar.elapsed_s, bar.done, bar.total) == (
+        "reading headers",
+        287,
+        2_010_000,
+        6_180_000,
+    )
