@@ -104,6 +104,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def gunicorn_argv(port: int, *, workers: int, timeout: int = 120, extra: tuple = ()) -> list[str]:
+    """The web tier as deployments run it (gunicorn's sync workers), on a loopback port: one
+    command line for the bench, the fault tests and the proxy test."""
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "fleet.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--timeout",
+        str(timeout),
+        *extra,
+    ]
+
+
 def manage(*args: str, env: dict, timeout: float = 300) -> str:
     """``manage.py ARGS`` in a child process; its standard output."""
     done = subprocess.run(

@@ -56,6 +56,7 @@ from ._services import (
     drop_database,
     exit_on_sigterm,
     free_port,
+    gunicorn_argv,
     manage,
     postgres_database,
     redis_clients,
@@ -355,22 +356,12 @@ def start_services(
     port = free_port()
     processes.start(
         "gunicorn",
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "fleet.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(gunicorn_workers),
-            "--backlog",
-            "2048",
-            "--timeout",
-            str(int(REQUEST_TIMEOUT_S)),
-            "--log-level",
-            "warning",
-        ],
+        gunicorn_argv(
+            port,
+            workers=gunicorn_workers,
+            timeout=int(REQUEST_TIMEOUT_S),
+            extra=("--backlog", "2048", "--log-level", "warning"),
+        ),
         env,
     )
     for n, queues in enumerate(assignments, 1):

@@ -15,7 +15,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,15 +26,11 @@ import psycopg
 import pytest
 import urllib3
 
+from bench._services import free_port, gunicorn_argv
+
 ROOT = Path(__file__).resolve().parents[2]
 # What a subprocess must not inherit from the test run (the services pass sets these).
 INHERITED = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, every=0.05):
@@ -339,20 +334,7 @@ class Redis:
 class Gunicorn(Process):
     def __init__(self, env: dict[str, str], log_dir: Path, workers: int = 2):
         self.port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "fleet.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{self.port}",
-            "--workers",
-            str(workers),
-            "--timeout",
-            "120",
-            "--graceful-timeout",
-            "5",
-        ]
+        argv = gunicorn_argv(self.port, workers=workers, extra=("--graceful-timeout", "5"))
         super().__init__(f"gunicorn-{self.port}", argv, env, log_dir)
         self.url = f"http://127.0.0.1:{self.port}"
         self.http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(60))

@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from bench._services import Processes, free_port, manage, wait_http
+from bench._services import Processes, free_port, gunicorn_argv, manage, wait_http
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 CONF = Path(__file__).resolve().parents[2] / "fleet" / "deploy" / "nginx.conf"
@@ -68,22 +67,7 @@ def test_slow_clients_are_held_by_the_proxy_and_the_one_worker_keeps_answering(t
     # its body is read, and would hold no worker anyway).
     key = manage("agentkey", "create", "slow-agent", "--scopes", "upload", env=env).split()[-1]
     with Processes(tmp_path / "logs") as processes:
-        processes.start(
-            "gunicorn",
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "fleet.wsgi:application",
-                "--workers",
-                "1",
-                "--bind",
-                f"127.0.0.1:{gunicorn_port}",
-                "--timeout",
-                "120",
-            ],
-            env,
-        )
+        processes.start("gunicorn", gunicorn_argv(gunicorn_port, workers=1), env)
         processes.start(
             "nginx",
             [NGINX, "-p", str(tmp_path), "-c", str(main_conf(tmp_path, site)), "-g", "daemon off;"],
