@@ -196,6 +196,7 @@ def _count(text: str) -> int:
         return round(float(text[:-1]) * _SCALE[text[-1]])
     return int(float(text))
 
+
 # Every word without which no pattern of ConfigParser.feed can match, lower-case: the settings'
 # spellings (with "_" or "-"), and what bars, environment dumps, timeouts and versions contain.
 _WORDS: tuple[str, ...] = tuple(
