@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.11"
+RULESET_VERSION = "2026.11.26.12"
 NAME_THRESHOLD = 0.5
 
 
@@ -1298,7 +1298,9 @@ RULES: tuple[Rule, ...] = (
         # Outranks the crash it explains: the error names its own cause.
         0.85,
         "See the knowledge-base entry named in the summary.",
-        _known_environment_issue("parallelism_config"),
+        _known_environment_issue(
+            "parallelism_config", "the parallel or launch layout does not fit"
+        ),
         marks_failure=True,
     ),
     Rule(
