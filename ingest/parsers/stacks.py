@@ -77,11 +77,13 @@ class StackParser:
 
     def feed(self, line: Line, pre: Prefix, follow) -> list[Event]:
         text = pre.rest
-        if text.startswith("Process ") and self._open is None:
+        if text.startswith("Process "):
             m = _PYSPY_PROCESS.match(text)
             if m:
+                # The next dump's header: what was open belongs to the previous process.
+                out = self.flush() if self._open is not None else []
                 self._pid = int(m.group("pid"))
-            return []
+                return out
         if self._open is not None:
             m = _PYSPY_FRAME.match(text) or _FH_FRAME.match(text)
             frames = self._open[3]

@@ -166,3 +166,22 @@ def test_a_pdsh_host_prefix_is_not_part_of_the_line():
     assert (pre.rank, pre.rest) == (12, "RuntimeError: DataLoader worker exited")
     # A logger's "name: message" with no digit in the name is left alone.
     assert split_prefix("INFO: task started").rest == "INFO: task started"
+
+
+def test_each_py_spy_dump_carries_its_own_process_id():
+    """py-spy --subprocesses prints one dump per process; a dump's main-thread stack is that
+    process's, even when the next header follows its last frame with no blank line."""
+    text = (
+        "Process 3834: /usr/bin/python3 -u train.py\n"
+        'Thread 3834 (idle): "MainThread"\n'
+        "    get (queue.py:180)\n"
+        "    _next_data (torch/utils/data/dataloader.py:1465)\n"
+        "Process 4104: /usr/bin/python3 -u train.py\n"
+        'Thread 4104 (active+gil): "MainThread"\n'
+        "    sub (re/__init__.py:185)\n"
+        "    __getitem__ (/srv/data/dataset.py:88)\n"
+        "    fetch (torch/utils/data/_utils/fetch.py:52)\n"
+        "    _worker_loop (torch/utils/data/_utils/worker.py:349)\n"
+    )
+    samples = [e for e in parse_log(text.encode()).events if e.kind == "stack_sample"]
+    assert [(s.pid, s.waits_on_data) for s in samples] == [(3834, True), (4104, False)]
