@@ -727,7 +727,7 @@ def _startup_work_running(f: Facts) -> Match | None:
         for b in f.of("progress_bar")
         if _PREP_BAR.search(b.desc) and (b.percent is None or b.percent < 100)
     ]
-    running += [p for p in f.of("phase_duration") if getattr(p, "ongoing", False)]
+    running += [p for p in f.of("phase_duration") if p.ongoing]
     if not running:
         return None
     return Match(
@@ -971,9 +971,7 @@ def _job_stalls(f: Facts) -> list:
     return [
         s
         for s in f.of("storage_stall")
-        if not getattr(s, "task", "")
-        or (s.pid and s.pid in pids)
-        or _TRAINING_PROCESS.match(s.task)
+        if not s.task or (s.pid and s.pid in pids) or _TRAINING_PROCESS.match(s.task)
     ]
 
 

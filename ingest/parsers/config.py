@@ -214,8 +214,6 @@ _ANY_WORD = re.compile("|".join(re.escape(w) for w in _WORDS))
 # The head of a bar, up to its percentage: "Scanning '…' images and labels...:   6%|".
 _CUT_BAR = re.compile(r"(?P<desc>[^\s|:\[\]][^|:\[\]]{0,160}?):\s*(?P<pct>\d{1,3})%\|")
 MAX_BARS = 100
-# One token with a digit in it, the shape of a host name ("a40-node11", "gpu-b07.cluster").
-_HOST_PREFIX = re.compile(r"[A-Za-z][\w-]*\d[\w.-]*")
 # A bar line holding one of these carries something else (a setting, a glued log line).
 _BAR_KEEP = (b"NCCL", b"Error", b"_", b"=", b"ersion")
 
@@ -367,10 +365,6 @@ class ConfigParser:
             self._cut_bar(ctx, text, cut)
             return
         desc = (last.group("desc") or "").strip()
-        if last.start() == 0 and _HOST_PREFIX.fullmatch(desc):
-            # pdsh (DeepSpeed's multi-node launcher) puts "host: " before every line: that is
-            # where the bar ran, not what it counts ("a40-node11:  4%|▍ | 130/3222 [...").
-            desc = ""
         elapsed = _elapsed(last.group("el"))
         old = self._bars.get(desc)
         if old is not None and (old.elapsed_s or 0) > elapsed:
@@ -392,7 +386,7 @@ class ConfigParser:
         if m is None:
             return
         desc = m.group("desc").strip()
-        if desc in self._bars or len(self._bars) >= MAX_BARS or _HOST_PREFIX.fullmatch(desc):
+        if desc in self._bars or len(self._bars) >= MAX_BARS:
             return
         self._bars[desc] = ProgressBar(**ctx, desc=desc, percent=int(m.group("pct")))
 

@@ -157,6 +157,11 @@ MAX_TRACEBACK_LINES = 400
 MAX_TABLE_LINES = 200
 
 
+def _worker_exit(ctx: dict, code: int, **fields) -> WorkerFailed:
+    """A worker's exit as a launcher reports it; a negative code is the signal that ended it."""
+    return WorkerFailed(**ctx, exitcode=code, signal=signal_name(code), **fields)
+
+
 def _bytes(number: str | None, unit: str | None) -> int | None:
     if number is None or unit is None:
         return None
@@ -229,33 +234,12 @@ class LauncherParser:
     ) -> list[Event]:
         ctx = {"line": line.number, "text": line.text, "rank": pre.rank}
         out: list[Event] = []
-        if "exitcode" in text:
-            m = _WORKER_FAILED.search(text)
-            if m:
-                code = int(m.group("code"))
-                return [
-                    WorkerFailed(
-                        **ctx,
-                        local_rank=int(m.group("local")),
-                        pid=int(m.group("pid")),
-                        exitcode=code,
-                        signal=signal_name(code),
-                    )
-                ]
-        if "exits with return code" in text:
-            m = _DS_EXIT.search(text)
-            if m:
-                code = int(m.group("code"))
-                # The srun/launcher prefix of a node's launcher is no rank of the job.
-                return [
-                    WorkerFailed(
-                        line=line.number,
-                        text=line.text,
-                        rank=None,
-                        exitcode=code,
-                        signal=signal_name(code),
-                    )
-                ]
+        if "exitcode" in text and (m := _WORKER_FAILED.search(text)):
+            local, pid = int(m.group("local")), int(m.group("pid"))
+            return [_worker_exit(ctx, int(m.group("code")), local_rank=local, pid=pid)]
+        if "exits with return code" in text and (m := _DS_EXIT.search(text)):
+            # The srun/launcher prefix of a node's launcher is no rank of the job.
+            return [_worker_exit({**ctx, "rank": None}, int(m.group("code")))]
         if "closing signal" in text:
             m = _CLOSING.search(text)
             if m:

@@ -37,8 +37,9 @@ _PREFIXES = re.compile(
 
 # pdsh (DeepSpeed's multi-node launcher, `pdsh -w`) puts "host: " before every line of every
 # node: outermost, and a host name has a digit in it ("ip-10-0-7-12", "gpu-a101"). Stripped so
-# that what follows reads as it would on one node (a traceback, a bar, the rank's own prefix).
-_PDSH = re.compile(r"(?P<host>[A-Za-z][\w.-]*\d[\w.-]*):\s(?=\S)")
+# that what follows reads as it would on one node (a traceback, a bar, the rank's own prefix);
+# exactly the one space pdsh adds goes, the line's own indentation stays.
+_PDSH = re.compile(r"(?P<host>[A-Za-z][\w.-]*\d[\w.-]*): ")
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from analysis.models import DrainAction, HostRepair, Incident
 from fleet.demo import JobScenario, rank_log
 from fleet.models import Attempt, Host, Job
 from ingest.models import AgentKey, Event, Upload
+from tests.ops.helpers import flagged_host
 
 pytestmark = pytest.mark.django_db
 
@@ -80,8 +81,6 @@ def _workflow(kind: str, step: str):
     """A workflow step on an incident or a culprit made afresh (resolved first for reopen)."""
 
     def path() -> str:
-        from analysis.models import CulpritScore, Entity
-
         n = Job.objects.count()
         status = "resolved" if step == "reopen" else "open"
         if kind == "incidents":
@@ -91,18 +90,7 @@ def _workflow(kind: str, step: str):
             )
         else:
             Job.objects.create(external_id=f"j-wf-{n}")  # only to number the entity
-            row = CulpritScore.objects.create(
-                entity=Entity.objects.create(kind="host", key=f"gpu-wf-{n}"),
-                culprit="bad_node_hardware",
-                score=9.0,
-                flagged=True,
-                implicated=3,
-                exposed=4,
-                baseline=0.01,
-                explanation="e",
-                computed_at=timezone.now(),
-                status=status,
-            )
+            row = flagged_host(f"gpu-wf-{n}", status=status)
         return f"/api/v1/{kind}/{row.pk}/{step}"
 
     path.template = f"/api/v1/{kind}/{{id}}/{step}"

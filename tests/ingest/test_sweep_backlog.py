@@ -36,23 +36,29 @@ def broker(settings):
     client.close()
 
 
+def left_upload(job: str, rank: int, *, received_at) -> Upload:
+    """An upload stored with no message queued for it (its publish failed), rank ``rank`` of
+    attempt 0 of ``job`` on host gpu-``job``."""
+    job_row, _ = Job.objects.get_or_create(external_id=job)
+    attempt, _ = Attempt.objects.get_or_create(job=job_row, number=0)
+    host, _ = Host.objects.get_or_create(hostname=f"gpu-{job}")
+    return Upload.objects.create(
+        host=host,
+        job=job_row,
+        attempt=attempt,
+        filename=f"rank{rank}.log",
+        sha256=f"{job}{rank}".encode().hex().ljust(64, "0")[:64],
+        size=1,
+        received_at=received_at,
+    )
+
+
 def test_a_sweep_sends_left_work_once_until_the_republish_interval_passes(broker, settings):
     settings.FLEETWATCH_SWEEP_GRACE_SECONDS = 60
     settings.FLEETWATCH_SWEEP_REPUBLISH_SECONDS = 300
     now = timezone.now()
-    job = Job.objects.create(external_id="backlog")
-    attempt = Attempt.objects.create(job=job)
-    host = Host.objects.create(hostname="gpu-backlog")
     for i in range(3):  # accepted while the broker was down: received, no message anywhere
-        Upload.objects.create(
-            host=host,
-            job=job,
-            attempt=attempt,
-            filename=f"rank{i}.log",
-            sha256=f"{i:064x}",
-            size=1,
-            received_at=now - timedelta(minutes=5),
-        )
+        left_upload("backlog", i, received_at=now - timedelta(minutes=5))
 
     assert uploads_sweep(now) == {"uploads": 3, "attempts": 0}
     assert broker.llen("ingest") == 3
@@ -75,18 +81,8 @@ def test_work_a_worker_took_and_then_dropped_is_sent_again_at_once(broker, setti
     settings.FLEETWATCH_CLASSIFY_LEASE_SECONDS = 30
     settings.FLEETWATCH_SETTLE_SECONDS = 10
     now = timezone.now()
-    job = Job.objects.create(external_id="dropped")
-    attempt = Attempt.objects.create(job=job)
-    host = Host.objects.create(hostname="gpu-dropped")
-    upload = Upload.objects.create(
-        host=host,
-        job=job,
-        attempt=attempt,
-        filename="rank0.log",
-        sha256="d" * 64,
-        size=1,
-        received_at=now - timedelta(minutes=5),
-    )
+    upload = left_upload("dropped", 0, received_at=now - timedelta(minutes=5))
+    attempt = upload.attempt
     assert uploads_sweep(now) == {"uploads": 1, "attempts": 0}
     app_queue = broker.llen("ingest")
     # A worker takes the message 10 s later, then dies: its claim is never renewed.

@@ -54,3 +54,24 @@ def incident_on(
         at=ended,
     )
     return host, incident
+
+
+def flagged_host(hostname, *, culprit="bad_node_hardware", **fields):
+    """A host fleet memory has flagged as a culprit (a CulpritScore as fleet_correlate writes
+    one); ``fields`` override the figures or set the workflow status."""
+    from analysis.models import CulpritScore, Entity
+
+    figures = {
+        "score": 9.0,
+        "flagged": True,
+        "implicated": 3,
+        "exposed": 4,
+        "baseline": 0.01,
+        "explanation": "e",
+        "computed_at": timezone.now(),
+    }
+    return CulpritScore.objects.create(
+        entity=Entity.objects.get_or_create(kind="host", key=hostname)[0],
+        culprit=culprit,
+        **{**figures, **fields},
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.ops.helpers import incident_on
+from tests.ops.helpers import flagged_host, incident_on
 
 pytestmark = pytest.mark.django_db
 
@@ -137,9 +137,7 @@ def test_write_endpoints_hold_to_their_schema(
     make_key, connections_kept_open, django_capture_on_commit_callbacks
 ):
     from django.test import override_settings
-    from django.utils import timezone
 
-    from analysis.models import CulpritScore, Entity
     from ingest.models import ArtifactRequest, Upload
 
     host, incident = incident_on("gpu-bad")
@@ -147,17 +145,7 @@ def test_write_endpoints_hold_to_their_schema(
         job_id=incident.job_id, attempt_id=incident.attempt_id, host=host, rank=0
     ).pk
     _OBJECT_ID["incidents"] = incident.pk
-    _OBJECT_ID["culprits"] = CulpritScore.objects.create(
-        entity=Entity.objects.get_or_create(kind="host", key="gpu-bad")[0],
-        culprit="bad_node_hardware",
-        score=9.0,
-        flagged=True,
-        implicated=3,
-        exposed=4,
-        baseline=0.01,
-        explanation="e",
-        computed_at=timezone.now(),
-    ).pk
+    _OBJECT_ID["culprits"] = flagged_host("gpu-bad").pk
     key = make_key("upload", "read", "operate")
     statuses = {}
     # Fuzzing sends hundreds of requests with one key: rate limits would only answer 429.

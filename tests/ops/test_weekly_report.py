@@ -10,7 +10,7 @@ from django.core import mail
 from django.core.management import CommandError, call_command
 
 from analysis import report
-from tests.ops.helpers import incident_on
+from tests.ops.helpers import flagged_host, incident_on
 
 MONDAY = datetime(2026, 11, 16, tzinfo=UTC)  # 2026-W47
 AFTER = datetime(2026, 11, 24, 6, tzinfo=UTC)
@@ -286,25 +286,11 @@ def test_the_pdf_as_printed_draws_each_culprit_in_the_ui_colour(week, client, dj
 def test_a_recurring_cause_carries_the_culprit_the_ui_shows_for_its_entity(db):
     """The newest incident of a recurring cause abstained (unknown); fleet memory classified
     the host behind all of them network_transport. The report says what the UI says."""
-    from django.utils import timezone
-
-    from analysis.models import CulpritScore, Entity
-
     at = MONDAY + timedelta(hours=10)
     incident_on("gpu-n", job="a", culprit="network_transport", started=at, fingerprint="fp-n")
     incident_on(
         "gpu-n", job="b", culprit="unknown", started=at + timedelta(days=1), fingerprint="fp-n"
     )
-    CulpritScore.objects.create(
-        entity=Entity.objects.get(kind="host", key="gpu-n"),
-        culprit="network_transport",
-        score=5.0,
-        flagged=True,
-        implicated=2,
-        exposed=2,
-        baseline=0.1,
-        explanation="two of two attempts on gpu-n",
-        computed_at=timezone.now(),
-    )
+    flagged_host("gpu-n", culprit="network_transport")
     [top] = report.weekly_report_numbers("2026-W47", now=AFTER)["top_recurring"]
     assert (top["entity"], top["culprit"]) == ("host:gpu-n", "network_transport")
