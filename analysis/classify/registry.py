@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from ingest.parsers.signatures import known_issues
+
 from .crossrank import CROSSRANK_RULES
 from .hardware import HARDWARE_RULES
 from .rules import RULES, RULESET_VERSION, Rule
@@ -159,8 +161,9 @@ BASIS: dict[str, str] = {
 
 
 def registry_hash() -> str:
-    """A digest of everything a verdict depends on in the registry (not the predicates' code,
-    which the ruleset version stands for)."""
+    """A digest of everything a verdict depends on in the registry and the knowledge base (not
+    the predicates' code, which the ruleset version stands for): a knowledge-base entry that
+    names a culprit changes verdicts as a rule does."""
     rows = [
         {
             "id": rule.id,
@@ -173,6 +176,10 @@ def registry_hash() -> str:
             "basis": BASIS.get(rule.id, "?"),
         }
         for rule in ALL_RULES
+    ]
+    rows += [
+        {key: entry.get(key) for key in ("id", "culprit", "signature", "affected", "fix")}
+        for entry in sorted(known_issues().values(), key=lambda entry: entry["id"])
     ]
     return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
 

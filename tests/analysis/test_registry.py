@@ -8,7 +8,8 @@ from analysis.classify.rules import RULESET_VERSION
 from analysis.models import Incident
 
 # One row per ruleset version: a change to any rule's culprit, strength, fix, needs, failure
-# marking, implications or basis changes the hash, and needs a new version (and a re-run of
+# marking, implications or basis, or to a knowledge-base entry's culprit, signature, range or fix
+# (from 2026.11.26.13), changes the hash, and needs a new version (and a re-run of
 # `fleetwatch eval --split dev --calibrate`).
 PINNED = {
     "2026.11.9": "3e139840f62b6274",
@@ -40,6 +41,8 @@ PINNED = {
     "2026.11.26.10": "7310d62a7a96d5c8",
     "2026.11.26.11": "7310d62a7a96d5c8",
     "2026.11.26.12": "7310d62a7a96d5c8",
+    # From .13 the hash covers the knowledge base's entries too.
+    "2026.11.26.13": "cf16e661452a4df7",
 }
 
 HOW = re.compile(
