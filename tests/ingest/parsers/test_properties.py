@@ -80,6 +80,8 @@ def test_gzip_cut_anywhere_never_raises(data, fraction):
 @settings(max_examples=100, deadline=None)
 @given(log_bytes, st.sampled_from([16, 64, 1000]))
 def test_line_numbers_do_not_depend_on_the_chunk_size(data, chunk_size):
+    # Bytes that open with gzip's magic are read as a (here damaged) gzip stream, not as lines.
+    assume(not data.startswith(GZIP_MAGIC))
     triggers = tuple({t for p in default_parsers() for t in p.triggers})
 
     def numbers(size):
