@@ -55,6 +55,7 @@ IMPLICATES: dict[str, tuple[str, ...]] = {
     "disk_full": ("job_family",),
     "preprocessing_outlasted_timeout": ("job_family",),
     "startup_work_running": ("job_family",),
+    "prep_cut_at_default_wait": ("job_family",),
     "first_barrier_timed_out": ("job_family",),
     "dataloader_oversubscribed": (LOADER_KEYS,),
     "p2p_schedule_desync": ("config:pipeline_parallel",),
@@ -124,6 +125,10 @@ BASIS: dict[str, str] = {
     "startup_work_running": "torch.distributed default_pg_timeout (30 min) against start-up "
     "work seen still running; faiss/Clustering.cpp verbose output ('Clustering N points in "
     "dD to k clusters', 'Iteration i (t s, search s s)')",
+    "prep_cut_at_default_wait": "torch/distributed/constants.py default_pg_timeout (30 min), HF "
+    "ddp_timeout (1800 s), ProcessGroupNCCL.hpp kProcessGroupNCCLDefaultTimeout (10 min, 2.2+); "
+    "the latency to a kill: TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (480 s), torchrun's "
+    "monitor_interval and 30 s SIGTERM grace",
     "first_barrier_timed_out": "the first collectives time out only when a rank is late at "
     "start-up",
     "dataloader_oversubscribed": "torch.utils.data.DataLoader check_worker_number_rationality "

@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.13"
+RULESET_VERSION = "2026.11.26.14"
 NAME_THRESHOLD = 0.5
 
 
@@ -658,6 +658,13 @@ def _unplaced(t) -> bool:
     return t.seq is None and t.numel_in is None
 
 
+# A bar's last drawn state comes before the wait expired: the others began waiting when the
+# preparing process began (main_process_first), often before its bar appeared (loading the raw
+# files, a split), and tqdm redraws only every so often. Work that ran this share of the limit
+# or more is taken to have filled the wait.
+NEAR_LIMIT = 0.8
+
+
 def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
     """One process's progress bar (dataset map, tokenisation, packing), or a phase's own report
     of its length (a checkpoint save), ran about as long as the wait that expired: the other
@@ -671,8 +678,8 @@ def _preprocessing_outlasted_timeout(f: Facts) -> Match | None:
     in_training = not all(_not_training_wait(t) or _unplaced(t) for t in f.timeouts)
     # A bar still drawing, or a phase that reported its length (finished, or so far: a decode
     # loop's "1068.2s elapsed"): either way one process worked alone for about the timeout.
-    bars = [b for b in f.of("progress_bar") if b.elapsed_s and b.elapsed_s >= 0.8 * limit_s]
-    bars += [p for p in f.of("phase_duration") if p.elapsed_s >= 0.8 * limit_s]
+    bars = [b for b in f.of("progress_bar") if b.elapsed_s and b.elapsed_s >= NEAR_LIMIT * limit_s]
+    bars += [p for p in f.of("phase_duration") if p.elapsed_s >= NEAR_LIMIT * limit_s]
     if in_training:
         # Mid-training (an evaluation or a generation run on rank 0 after epoch N, an index
         # built by one rank) the others wait in a training step's collective. Only work that is
@@ -709,6 +716,62 @@ def _all_but_a_few_waited(f: Facts) -> bool:
     world = f.context.world_size or int(f.config_number("world_size") or 0)
     waiting = f.timed_out_ranks & set(range(world))
     return bool(world) and len(waiting) < world and len(waiting) >= world - len(waiting)
+
+
+# The waits nobody set: torch.distributed's default process-group timeout
+# (torch/distributed/constants.py default_pg_timeout = _DEFAULT_PG_TIMEOUT, 30 min; HF
+# TrainingArguments.ddp_timeout also defaults to 1800 s) and the NCCL backend's own default from
+# PyTorch 2.2 (ProcessGroupNCCL.hpp kProcessGroupNCCLDefaultTimeout, 10 min).
+DEFAULT_WAITS_S = (600, 1800)
+# How long after the wait expired the preparing process may still draw its bar: the NCCL
+# watchdog's heartbeat monitor gives a stuck watchdog TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (480 s)
+# before it kills the process, torchrun's agent checks its workers every monitor_interval (up
+# to 5 s) and gives the survivors 30 s after SIGTERM before SIGKILL.
+CUT_LATENCY_S = 480 + 5 + 30
+
+
+def _prep_cut_at_default_wait(f: Facts) -> Match | None:
+    """No wait is stated anywhere (no watchdog line with its Timeout(ms), no store timeout's),
+    a waiting process failed inside a collective call or on the store, and one process's data
+    preparation bar, unfinished, had run just past one of the default waits: the others waited
+    at the barrier for the whole preparation (main_process_first), and the default timeout
+    ended it. The bar's last state is near the default (NEAR_LIMIT of it) or past it by no more
+    than the job's teardown takes; a bar that ran longer says the job had another timeout,
+    unknown here, and names nothing."""
+    if f.collective_limit_s() or f.has_crash_or_hardware():
+        return None
+    exceptions = f.of("python_exception")
+    if any(not _is_timeout_exception(e) and not _is_peer_gone(e) for e in exceptions):
+        return None  # an error of its own, whatever the bar says
+    waits = [c for c in f.of("traceback_cut") if c.call] + list(f.of("store_timeout"))
+    waits += [e for e in exceptions if _is_timeout_exception(e)]
+    if not waits:
+        return None
+    bars = [
+        b
+        for b in f.of("progress_bar")
+        if _PREP_BAR.search(b.desc)
+        and (b.percent is None or b.percent < 100)
+        and b.elapsed_s
+        and any(NEAR_LIMIT * d <= b.elapsed_s <= d + CUT_LATENCY_S for d in DEFAULT_WAITS_S)
+    ]
+    if not bars:
+        return None
+    bar = bars[0]
+    default = max(d for d in DEFAULT_WAITS_S if NEAR_LIMIT * d <= bar.elapsed_s)
+    return Match(
+        summary=(
+            f"'{bar.desc}' had run {bar.elapsed_s:.0f} s, unfinished, when a waiting process "
+            f"failed in {_wait_place(waits[0])}: the default {default // 60}-minute "
+            "process-group timeout ended the wait for it"
+        ),
+        evidence=cite([bar, *waits[:2]], "prep_cut_at_default_wait"),
+    )
+
+
+def _wait_place(event) -> str:
+    call = getattr(event, "call", "")
+    return f"{call}()" if call else "its wait"
 
 
 def _startup_work_running(f: Facts) -> Match | None:
@@ -1372,6 +1435,19 @@ RULES: tuple[Rule, ...] = (
         "`main_process_first()` with a longer window) and raise the timeout for start-up: "
         "init_process_group(timeout=timedelta(hours=2)), HF `ddp_timeout`.",
         _startup_work_running,
+    ),
+    Rule(
+        "prep_cut_at_default_wait",
+        "A waiting process failed in a collective while one process's data preparation, "
+        "unfinished, had run just past a default process-group timeout (none stated)",
+        ("progress_bar", "traceback_cut", "store_timeout", "python_exception"),
+        "timeout_too_short",
+        0.7,
+        "Preprocess ahead of training (tokenize or cache offline, or inside "
+        "`main_process_first()` with a longer window) and raise the timeout for start-up: "
+        "init_process_group(timeout=timedelta(hours=2)), HF `ddp_timeout`.",
+        _prep_cut_at_default_wait,
+        marks_failure=True,
     ),
     Rule(
         "first_barrier_timed_out",

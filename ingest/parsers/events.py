@@ -484,6 +484,17 @@ class FailureRecord(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TracebackCut(Event):
+    """A Python traceback that ends without its exception line (a paste cut short, or the
+    process killed while printing it) and whose innermost frame is a torch.distributed call
+    (``distributed_c10d.py … in barrier``): that collective raised, what it raised is not here."""
+
+    kind: ClassVar[str] = "traceback_cut"
+    location: str = ""  # "distributed_c10d.py:3328 in barrier"
+    call: str = ""  # "barrier"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AgentSignal(Event):
     """``Sending process 48099 closing signal SIGTERM``: the agent stopping the survivors
     after another worker failed, so those exits are consequences."""
@@ -597,6 +608,7 @@ for _cls in (
     GpuUnreachable,
     WorkerFailed,
     FailureRecord,
+    TracebackCut,
     AgentSignal,
     CudaOom,
     HostOomKill,

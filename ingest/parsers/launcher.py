@@ -21,6 +21,7 @@ from .events import (
     HostOomKill,
     PythonException,
     RendezvousError,
+    TracebackCut,
     WorkerFailed,
 )
 from .lines import Line
@@ -32,6 +33,7 @@ from .prefix import Prefix
 # "CUDA out of memory": the caching allocator's message (c10/cuda/CUDACachingAllocator.cpp) as
 # trainers quote it in their own warnings ("OOM: Ran out of memory with exception: CUDA out of
 # memory. Tried to allocate …", fairseq), on lines without an exception type.
+# "Root Cause (first observed failure)": the elastic table pasted without its header line.
 TRIGGERS: tuple[bytes, ...] = (
     b"exitcode",
     b"elastic",
@@ -40,7 +42,9 @@ TRIGGERS: tuple[bytes, ...] = (
     b"Error",
     b"CUDA out of memory",
     b"exits with return code",
+    b"Root Cause (first observed failure)",
 )
+_ROOT_CAUSE = "Root Cause (first observed failure)"
 
 # Signals by number, with what they usually mean for a training worker.
 SIGNALS: dict[int, tuple[str, str]] = {
@@ -104,7 +108,9 @@ _TABLE_RANK = re.compile(r"(?P<rank>-?\d+)(?: \(local_rank: (?P<local>-?\d+)\))?
 _TABLE_EXIT = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
 _SIGNAL_TEXT = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\)")
 # Python traceback lines.
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.*))?')
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.*))?')
+# torch.distributed's Python API: a frame in this module is a collective (or group) call.
+_C10D_MODULE = "distributed_c10d.py"
 # The last line of a traceback: a (dotted) exception name, optionally ": message".
 _EXCEPTION = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Iteration|"
@@ -143,6 +149,7 @@ _RDZV_TYPES = ("DistStoreError", "Rendezvous", "DistNetworkError")
 
 # A line without any of these cannot be one of ours (the NCCL INFO lines that reach every parser).
 _WORDS = (
+    _ROOT_CAUSE,
     "exits with return code",
     "exitcode",
     "closing signal",
@@ -176,6 +183,8 @@ class _Traceback:
     start: int
     location: str = ""
     lines: int = 0
+    call: str = ""  # the innermost frame's function when it is in torch.distributed's API
+    last: Line | None = None
 
 
 @dataclass
@@ -209,6 +218,12 @@ class LauncherParser:
                 return out
         if not any(word in text for word in _WORDS):
             return []
+        if text.strip().startswith(_ROOT_CAUSE):
+            # The elastic table pasted from its root-cause entry on, without the
+            # ChildFailedError line above it.
+            self._table = _Table(line.number, section="root")
+            follow(1)
+            return []
         if "Traceback (most recent call last)" in text:
             if len(self._tracebacks) < 1024:
                 self._tracebacks[stream] = _Traceback(line.number)
@@ -218,6 +233,17 @@ class LauncherParser:
 
     def flush(self) -> list[Event]:
         out = self._end_table() if self._table is not None else []
+        out += [
+            TracebackCut(
+                line=tb.last.number,
+                text=tb.last.text,
+                rank=stream[0],
+                location=tb.location,
+                call=tb.call,
+            )
+            for stream, tb in self._tracebacks.items()
+            if tb.call and tb.last is not None
+        ]
         self._tracebacks.clear()
         return out
 
@@ -353,13 +379,17 @@ class LauncherParser:
         if tb.lines > MAX_TRACEBACK_LINES:
             del self._tracebacks[stream]
             return None
+        m = _FRAME.match(text)
+        if m:
+            # Indented as Python prints it, or flush left where a paste lost the indentation.
+            where = m.group("file").rsplit("/", 1)[-1]
+            func = (m.group("func") or "").strip()
+            tb.location = f"{where}:{m.group('line')}" + (f" in {func}" if func else "")
+            tb.call = func if where == _C10D_MODULE else ""
+            tb.last = line
+            follow(1)
+            return []
         if not text.strip() or text[:1] in " \t":
-            m = _FRAME.match(text)
-            if m:
-                where = m.group("file").rsplit("/", 1)[-1]
-                tb.location = f"{where}:{m.group('line')}"
-                if m.group("func"):
-                    tb.location += f" in {m.group('func').strip()}"
             follow(1)
             return []
         if text.startswith("Traceback (most recent call last)"):

@@ -581,3 +581,34 @@ def test_an_uploads_declared_rank_outranks_the_watchdogs_group_rank():
     # A launcher's prefix is the global rank already: the declared rank fills nothing in.
     (prefixed,) = parse_log(watchdog(3, 19).encode()).of_kind("watchdog_timeout")
     assert event_row(prefixed, default_rank=5)["rank"] == 3
+
+
+STORE_WAIT_FAILED = (
+    "RuntimeError: [3] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via "
+    "c10d key-value store by key '0', but store->get('0') got error: Socket Timeout\n"
+)
+
+
+def prep_bar(elapsed: str, percent: int = 47) -> str:
+    return (
+        f"Running tokenizer on dataset:  {percent}%|████▋     | 3169000/6811963 "
+        f"[{elapsed}<38:27, 1578.58 examples/s]\n"
+    )
+
+
+def test_a_default_timeout_read_only_where_the_bar_ran_about_that_long():
+    # No wait is stated anywhere: the defaults (30 min; 10 min for NCCL from PyTorch 2.2) are
+    # what ended it only when the unfinished preparation ran about that long.
+    for elapsed in ("29:58", "30:05", "09:59"):
+        verdict = verdict_of(prep_bar(elapsed) + STORE_WAIT_FAILED)
+        assert verdict.culprit == "timeout_too_short", (elapsed, verdict.summary)
+    # Far past a default (or past the 10 minutes by more than a teardown, short of the 30): the
+    # job had another timeout, unknown here. Finished: it was not what the others waited for.
+    # Without a failed wait: nothing failed that a timeout explains.
+    for text in (
+        prep_bar("3:00:12") + STORE_WAIT_FAILED,
+        prep_bar("20:00") + STORE_WAIT_FAILED,
+        prep_bar("30:05", percent=100) + STORE_WAIT_FAILED,
+        prep_bar("30:05"),
+    ):
+        assert verdict_of(text).culprit != "timeout_too_short", text

@@ -43,6 +43,7 @@ PINNED = {
     "2026.11.26.12": "7310d62a7a96d5c8",
     # From .13 the hash covers the knowledge base's entries too.
     "2026.11.26.13": "cf16e661452a4df7",
+    "2026.11.26.14": "185623f75f9e82d5",
 }
 
 HOW = re.compile(

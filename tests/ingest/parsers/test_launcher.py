@@ -125,6 +125,40 @@ def test_the_child_failed_error_is_also_an_exception_with_its_location():
     assert exc.traceback_line == 1
 
 
+def test_the_failure_table_pasted_from_its_root_cause_entry_on_is_still_read():
+    pasted = CHILD_FAILED[CHILD_FAILED.index("Root Cause") :]
+    records = events(pasted, "failure_record")
+    assert [(r.rank, r.root_cause, r.signal) for r in records] == [(4, True, "SIGKILL")]
+
+
+CUT_IN_BARRIER = (
+    "Running tokenizer on dataset:  47%|████▋     | 3169000/6811963 "
+    "[30:11<38:27, 1578.58 examples/s]Traceback (most recent call last):\n"
+    'File "/src/train_sft.py", line 94, in <module>\n'
+    "main()\n"
+    'File "/envs/site-packages/transformers/training_args.py", line 1891, in main_process_first\n'
+    "torch.distributed.barrier()\n"
+    'File "/envs/site-packages/torch/distributed/distributed_c10d.py", line 3328, in barrier\n'
+    "work = default_pg.barrier(opts=opts)\n"
+)
+
+
+def test_a_traceback_cut_inside_a_collective_call_says_which_call_raised():
+    # Pasted flush left, ending before its exception line.
+    (cut,) = events(CUT_IN_BARRIER, "traceback_cut")
+    assert (cut.call, cut.location) == ("barrier", "distributed_c10d.py:3328 in barrier")
+    assert cut.line == 6
+
+
+def test_a_traceback_cut_elsewhere_or_ending_in_its_exception_is_no_cut_collective():
+    elsewhere = CUT_IN_BARRIER.rsplit('File "', 1)[0]
+    assert events(elsewhere, "traceback_cut") == []
+    finished = CUT_IN_BARRIER + "RuntimeError: Socket Timeout\n"
+    assert events(finished, "traceback_cut") == []
+    (exc,) = events(finished, "python_exception")
+    assert exc.location == "distributed_c10d.py:3328 in barrier"
+
+
 def test_a_traceback_is_followed_to_its_last_line():
     log = (
         "[rank2]: Traceback (most recent call last):\n"
