@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.14"
+RULESET_VERSION = "2026.11.26.15"
 NAME_THRESHOLD = 0.5
 
 
@@ -1321,7 +1321,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "known_network_issue",
-        "A known network fault's signature (knowledge base: RoCE GID change, IB timeouts)",
+        "A known network fault's signature (knowledge base: RoCE GID change, IB timeouts, no "
+        "socket interface, NCCL's shared-memory transport without its /dev/shm segment)",
         ("known_signature",),
         "network_transport",
         0.65,
@@ -1331,7 +1332,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "known_host_issue",
-        "A known host fault's signature (knowledge base: /dev/shm, RemoveIPC, fabric manager)",
+        "A known host fault's signature (knowledge base: systemd RemoveIPC, fabric manager)",
         ("known_signature",),
         "bad_node_hardware",
         0.65,

@@ -44,6 +44,7 @@ PINNED = {
     # From .13 the hash covers the knowledge base's entries too.
     "2026.11.26.13": "cf16e661452a4df7",
     "2026.11.26.14": "185623f75f9e82d5",
+    "2026.11.26.15": "902be32943b20fa3",
 }
 
 HOW = re.compile(
