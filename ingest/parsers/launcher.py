@@ -142,6 +142,9 @@ _UNITS = {
 # "RuntimeError: CUDA error: an illegal memory access was encountered" (1.x+),
 # "CUDA error: uncorrectable ECC error encountered", "CUDA error: unspecified launch failure".
 _CUDA_ERROR = re.compile(r"CUDA error: (?P<what>[^\n.]*)")
+# PyTorch <= 1.4 (THC's THCudaCheck): "cuda runtime error (39) : uncorrectable ECC error
+# encountered at /pytorch/aten/src/THC/THCCachingHostAllocator.cpp:265".
+_THC_ERROR = re.compile(r"cuda runtime error \(\d+\) : (?P<what>.*?)(?: at \S+:\d+)?\s*$")
 _HARDWARE_CUDA = ("ecc error", "uncorrectable", "gpu is lost", "fallen off")
 # Rendezvous / store failures: DistStoreError (2.0+), RendezvousTimeoutError and friends (1.9+),
 # DistNetworkError (2.0+), "Socket Timeout" from TCPStore.
@@ -340,8 +343,8 @@ class LauncherParser:
                     free_bytes=_bytes(*free.group("n", "u")) if free else None,
                 )
             )
-        elif "CUDA error:" in text:
-            m = _CUDA_ERROR.search(text)
+        elif "CUDA error:" in text or "cuda runtime error (" in text:
+            m = _CUDA_ERROR.search(text) or _THC_ERROR.search(text)
             if m:
                 what = m.group("what").strip().lower()
                 out.append(

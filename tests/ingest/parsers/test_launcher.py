@@ -240,6 +240,16 @@ CUDA_ERRORS = [
         "RuntimeError: CUDA error: uncorrectable ECC error encountered",
         ("uncorrectable ecc error encountered", True),
     ),
+    (  # PyTorch <= 1.4, THC
+        "RuntimeError: cuda runtime error (39) : uncorrectable ECC error encountered at "
+        "/pytorch/aten/src/THC/THCCachingHostAllocator.cpp:265",
+        ("uncorrectable ecc error encountered", True),
+    ),
+    (
+        "RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/generic/"
+        "THCStorage.cu:58",
+        ("out of memory", False),
+    ),
 ]
 
 
