@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.16"
+RULESET_VERSION = "2026.11.26.17"
 NAME_THRESHOLD = 0.5
 
 

@@ -205,6 +205,8 @@ _INFO_WANTED: tuple[bytes, ...] = (
     b"Cuda failure",
     b"reset by peer",
     b"bootstrap.c",
+    # The knowledge base's NCCL 2.25 Blackwell entry: an INFO line in 2.25.1, a WARN later.
+    b"exceeds device/fn maxSharedMem",
 )
 
 

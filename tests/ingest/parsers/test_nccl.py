@@ -331,6 +331,17 @@ def test_errors_and_inits_are_never_folded_as_settings():
     assert len(events(log, "nccl_init")) == 2
 
 
+def test_an_info_line_that_is_a_known_issue_signature_is_not_skipped():
+    # NCCL 2.25.1 says it in INFO (2.26 makes it an error): the Blackwell entry of the
+    # knowledge base.
+    line = (
+        "GENOA-06:4766:4780 [0] NCCL INFO ncclMaxSharedMem 82240 exceeds device/fn maxSharedMem "
+        "79856"
+    )
+    (hit,) = events(line, "known_signature")
+    assert hit.signature == "nccl_2_25_blackwell_shared_memory"
+
+
 def test_uninteresting_info_lines_produce_nothing():
     log = (
         "gpu-a:1234:5678 [0] NCCL INFO Connected all rings\n"
