@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 from datetime import UTC, date, datetime, timedelta
-from html import escape
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -21,10 +20,10 @@ from django.db.models import Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from analysis import charts
 from analysis.classify import CULPRITS
 from analysis.models import CulpritScore, HostRepair, Implication, Incident, WeeklyReport
 from analysis.models_ops import DrainAction
-from analysis.palette import CULPRIT_COLOURS
 from fleet.models import Attempt
 
 log = logging.getLogger(__name__)
@@ -32,8 +31,6 @@ log = logging.getLogger(__name__)
 # Job sizes (GPUs = ranks) that behave differently: one host, a few, a pod, a big run.
 SIZE_BUCKETS = ((1, 8, "1–8 GPUs"), (9, 64, "9–64 GPUs"), (65, 512, "65–512 GPUs"))
 SIZE_TOP = "over 512 GPUs"
-# One colour per culprit class, the same in every chart and in the UI.
-COLOURS = CULPRIT_COLOURS
 
 
 class ReportExists(Exception):
@@ -356,81 +353,22 @@ def summary_sentences(n: dict) -> list[str]:
     return out
 
 
-# --- charts (inline SVG: the page, the PDF and the email need no script) -----------------------
-
-
-def svg_by_culprit(by_culprit: dict[str, int], width: int = 640) -> str:
-    rows = [(c, n) for c, n in sorted(by_culprit.items(), key=lambda x: -x[1]) if n]
-    if not rows:
-        return '<p class="empty">No incidents this week.</p>'
-    bar_h, label_w = 22, 170
-    height = bar_h * len(rows) + 10
-    peak = max(n for _, n in rows)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'role="img" aria-label="Incidents by culprit class">'
-    ]
-    for i, (culprit, n) in enumerate(rows):
-        y = 5 + i * bar_h
-        w = (width - label_w - 50) * n / peak
-        parts.append(
-            f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" font-size="12">'
-            f"{escape(culprit)}</text>"
-            f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}" '
-            f'fill="{COLOURS.get(culprit, COLOURS["unknown"])}"/>'
-            f'<text x="{label_w + w + 5:.1f}" y="{y + 15}" font-size="12">{n}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def svg_by_day(days: list[dict], width: int = 640, height: int = 220) -> str:
-    peak = max((d["total"] for d in days), default=0)
-    if not peak:
-        return '<p class="empty">No incidents this week.</p>'
-    left, bottom, top = 36, 30, 10
-    plot_h = height - bottom - top
-    slot = (width - left) / len(days)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'role="img" aria-label="Incidents by day and culprit class">',
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{width}" y2="{top + plot_h}" stroke="#444"/>',
-        f'<text x="{left - 6}" y="{top + 10}" text-anchor="end" font-size="11">{peak}</text>',
-        f'<text x="{left - 6}" y="{top + plot_h}" text-anchor="end" font-size="11">0</text>',
-    ]
-    for i, day in enumerate(days):
-        x = left + i * slot + slot * 0.15
-        y = top + plot_h
-        for culprit in CULPRITS:
-            n = day.get(culprit, 0)
-            if not n:
-                continue
-            h = plot_h * n / peak
-            y -= h
-            parts.append(
-                f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.7:.1f}" height="{h:.1f}" '
-                f'fill="{COLOURS[culprit]}"><title>{escape(culprit)}: {n}</title></rect>'
-            )
-        label = date.fromisoformat(day["date"]).strftime("%a %d")
-        parts.append(
-            f'<text x="{x + slot * 0.35:.1f}" y="{height - 10}" text-anchor="middle" '
-            f'font-size="11">{label}</text>'
-            f'<text x="{x + slot * 0.35:.1f}" y="{y - 3:.1f}" text-anchor="middle" '
-            f'font-size="10">{day["total"] or ""}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
 def weekly_report_html(numbers: dict, *, rebuilds: list | None = None) -> str:
-    culprits_seen = [c for c in CULPRITS if any(d.get(c) for d in numbers["by_day"])]
     return render_to_string(
         "analysis/report.html",
         {
             "n": numbers,
-            "chart_culprit": svg_by_culprit(numbers["by_culprit"]),
-            "chart_day": svg_by_day(numbers["by_day"]),
-            "legend": [(c, COLOURS[c]) for c in culprits_seen],
+            "chart_culprit": charts.bars_by_culprit(
+                numbers["by_culprit"],
+                aria="Incidents by culprit class",
+                empty="No incidents this week.",
+            ),
+            "chart_day": charts.stacked_columns(
+                [date.fromisoformat(d["date"]).strftime("%a %d") for d in numbers["by_day"]],
+                {c: [d.get(c, 0) for d in numbers["by_day"]] for c in CULPRITS},
+                aria="Incidents by day and culprit class",
+                empty="No incidents this week.",
+            ),
             "rebuilds": rebuilds or [],
         },
     )

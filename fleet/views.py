@@ -17,7 +17,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from analysis import memory, selectors, services
+from analysis import charts, memory, selectors, services
 from analysis.models import CulpritScore, DrainAction, Incident
 from fleet.drain import drain_resume, host_drain
 from fleet.models import Host, Job
@@ -69,7 +69,13 @@ def overview(request):
         {
             "open_incidents": selectors.incidents_needing_attention()[:10],
             "open_count": selectors.incidents_needing_attention().count(),
-            "per_day": selectors.incidents_per_day(),
+            "per_day": (per_day := selectors.incidents_per_day()),
+            "per_day_chart": charts.stacked_columns(
+                [day[5:] for day in per_day["days"]],
+                per_day["series"],
+                aria="Incidents per day by culprit class",
+                empty="No incidents in the last two weeks.",
+            ),
             "top_culprits": selectors.culprit_scores_top(),
             "hosts": selectors.hosts_needing_attention(),
             "ingest": selectors.ingest_health(),
@@ -347,7 +353,14 @@ def culprit_detail(request, pk: int):
             "incidents": incidents,
             "attempts": selectors.culprit_attempts(score),
             "fix": selectors.culprit_fix(score, incidents),
-            "trend": selectors.culprit_trend(incidents),
+            "trend": (trend := selectors.culprit_trend(incidents)),
+            "trend_chart": charts.stacked_columns(
+                [day[5:] for day in trend["days"]],
+                {score.culprit: trend["n"]},
+                aria="Incidents per day, last two weeks",
+                empty="No incidents in the last two weeks.",
+                height=160,
+            ),
             "host": selectors.culprit_host(score),
             "rack_hosts": selectors.culprit_rack_hosts(score),
             "operator": is_operator(request.user),

@@ -225,45 +225,47 @@ def test_report_of_a_simulated_fleet_matches_the_database(tmp_path, settings):
 def test_the_report_and_the_ui_draw_each_culprit_in_the_same_colour(
     week, client, django_user_model
 ):
-    """One palette (analysis/palette.py): the report's chart fills, the overview page's chart
-    (handed to the page, never written into the script) and its badges."""
-    import json
+    """One palette (analysis/palette.py) and one renderer (analysis/charts.py): the report's
+    chart fills, the overview page's chart (drawn on the server, no script) and its badges."""
     import re
-
-    from django.conf import settings
 
     from analysis.palette import CULPRIT_COLOURS, badge_background
 
+    fill = re.compile(r'fill="(#[0-9a-f]{6})" data-culprit="([a-z_]+)"')
     html = report.weekly_report_html(report.weekly_report_numbers("2026-W47", now=AFTER))
-    fills = dict(re.findall(r'fill="(#[0-9a-f]{6})"><title>([a-z_]+): \d+</title>', html))
-    drawn = {culprit: colour for colour, culprit in fills.items()}
-    assert drawn and all(CULPRIT_COLOURS[c] == colour for c, colour in drawn.items()), drawn
+    drawn = {culprit: colour for colour, culprit in fill.findall(html)}
+    assert len(drawn) >= 2 and all(CULPRIT_COLOURS[c] == v for c, v in drawn.items()), drawn
 
+    # The overview draws the last two weeks: incidents of today's, of two classes.
+    incident_on("gpu-today-1", job="job-today-1", culprit="storage_io", rule_id="storage_stall")
+    incident_on("gpu-today-2", job="job-today-2", culprit="oom_or_crash", rule_id="crash")
     client.force_login(django_user_model.objects.create_user("palette"))
     page = client.get("/").content.decode()
-    given = re.search(r'<script id="culprit-colours" type="application/json">(.*?)</script>', page)
-    assert json.loads(given.group(1)) == CULPRIT_COLOURS
+    on_page = {culprit: colour for colour, culprit in fill.findall(page)}
+    assert {"storage_io", "oom_or_crash"} <= set(on_page), on_page
+    assert all(CULPRIT_COLOURS[c] == v for c, v in on_page.items()), on_page
+    assert "<script" not in page.split('id="per-day-chart"', 1)[1].split("</div>", 1)[0]
     for culprit, colour in CULPRIT_COLOURS.items():
         assert f".culprit-{culprit} {{ background: {badge_background(colour)}; }}" in page
-    script = (settings.BASE_DIR / "fleet" / "static" / "fleet" / "fleetwatch.js").read_text()
-    assert not re.search(r"#[0-9a-fA-F]{6}\b", script), "a colour written into the chart script"
 
 
 def test_the_pdf_as_printed_draws_each_culprit_in_the_ui_colour(week, client, django_user_model):
     """The PDF itself, rasterised by PDFium: every culprit of the week shows in the colour the
     UI draws it in, and no other culprit's colour appears (a swapped or stale palette would)."""
-    import json
     import re
 
     pdfium = pytest.importorskip("pypdfium2")
     from analysis.palette import CULPRIT_COLOURS
 
+    # The UI's colours as the overview draws them: incidents of the week's classes, today.
+    incident_on("gpu-today-1", job="job-today-1", culprit="bad_node_hardware")
+    incident_on("gpu-today-2", job="job-today-2", culprit="storage_io", rule_id="storage_stall")
     client.force_login(django_user_model.objects.create_user("printer"))
     page = client.get("/").content.decode()
-    ui = json.loads(
-        re.search(
-            r'<script id="culprit-colours" type="application/json">(.*?)</script>', page
-        ).group(1)
+    ui = dict(CULPRIT_COLOURS)
+    ui.update(
+        (culprit, colour)
+        for colour, culprit in re.findall(r'fill="(#[0-9a-f]{6})" data-culprit="([a-z_]+)"', page)
     )
     numbers = report.weekly_report_numbers("2026-W47", now=AFTER)
     pdf = pdfium.PdfDocument(report.weekly_report_pdf(report.weekly_report_html(numbers)))
