@@ -25,8 +25,10 @@ run: setup
 	$(BIN)/python manage.py demo_fleet
 	$(BIN)/python manage.py runserver 127.0.0.1:8000
 
-## test: the whole suite on the embedded default, then on PostgreSQL + Redis
-test: test-embedded test-services
+## test: the whole suite on the embedded default and on PostgreSQL + Redis, the two passes side
+## by side (each pass's output is printed whole when it ends)
+test: setup services
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-embedded test-services
 
 ## test-busy: `make test` with two CPU burners beside it (run it before you push)
 test-busy: setup
@@ -38,7 +40,7 @@ test-embedded: setup
 ## test-services: the tests a database or broker can change, on PostgreSQL + Redis
 ## (FLEETWATCH_TEST_PASS=services; the backend-independent rest runs once, in test-embedded)
 test-services: setup services
-	FLEETWATCH_TEST_PASS=services \
+	FLEETWATCH_TEST_PASS=services FLEETWATCH_DATA_DIR=$(CURDIR)/var/test-services \
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) REDIS_URL=$(TEST_REDIS_URL) \
 		$(BIN)/pytest $(PYTEST_ARGS)
 

@@ -3,13 +3,15 @@ artifacts: ``tests/torchjobs/matrix/`` holds the jobs, written blind to the rule
 
 The jobs run once per checkout and code: their artifacts are kept under ``var/test-cache``
 keyed by a hash of everything that runs in them (the jobs, the agent package with the torch
-integration, the torch version), so ``make test``'s second pass (PostgreSQL + Redis) reads the
-same real runs instead of running them again. Each test process gets its own copy, with the
-runs' directory rewritten in the text files that name it (logs, heartbeats): agents write their
-spools and state beside the artifacts, and the kept runs stay as the jobs left them."""
+integration, the torch version), under a lock, so ``make test``'s other pass (the two run side
+by side) reads the same real runs instead of running them again. Each test process gets its own
+copy, with the runs' directory rewritten in the text files that name it (logs, heartbeats):
+agents write their spools and state beside the artifacts, and the kept runs stay as the jobs
+left them."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -51,7 +53,13 @@ def matrix_runs() -> dict[str, Path]:
     of the kept runs for this process alone."""
     kept = CACHE / f"matrix-{fingerprint()}"
     if not (kept / "runs.json").exists():
-        _keep(kept)
+        # `make test` runs its two passes side by side: the first to get here runs the jobs
+        # (two at a time, as they were written to run), the other waits and reads them.
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with (CACHE / "matrix.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (kept / "runs.json").exists():
+                _keep(kept)
     runs = json.loads((kept / "runs.json").read_text())
     root = Path(tempfile.mkdtemp(prefix="fleetwatch-matrix-"))
     shutil.copytree(kept, root, dirs_exist_ok=True)
