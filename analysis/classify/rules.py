@@ -31,7 +31,7 @@ from .facts import (
 )
 from .model import Evidence, Suspect
 
-RULESET_VERSION = "2026.11.26.17"
+RULESET_VERSION = "2026.11.26.18"
 NAME_THRESHOLD = 0.5
 
 
@@ -744,7 +744,9 @@ def _prep_cut_at_default_wait(f: Facts) -> Match | None:
     if any(not _is_timeout_exception(e) and not _is_peer_gone(e) for e in exceptions):
         return None  # an error of its own, whatever the bar says
     waits = [c for c in f.of("traceback_cut") if c.call] + list(f.of("store_timeout"))
-    waits += [e for e in exceptions if _is_timeout_exception(e)]
+    # A wait that expired says so ("Socket Timeout", "Timed out"); a launcher's summary of a
+    # failed worker (ChildFailedError) does not say what failed.
+    waits += [e for e in exceptions if _WAIT_EXPIRED.search(f"{e.exc_type} {e.message}")]
     if not waits:
         return None
     bars = [
@@ -767,6 +769,9 @@ def _prep_cut_at_default_wait(f: Facts) -> Match | None:
         ),
         evidence=cite([bar, *waits[:2]], "prep_cut_at_default_wait"),
     )
+
+
+_WAIT_EXPIRED = re.compile(r"time[d ]?\s?out", re.IGNORECASE)
 
 
 def _wait_place(event) -> str:
@@ -1196,6 +1201,14 @@ def _dataloader_oversubscribed(f: Facts) -> Match | None:
     )
 
 
+# The fix for start-up preparation that outlasted the wait (two rules name it).
+PREP_FIX = (
+    "Preprocess ahead of training (tokenize or cache offline, or inside "
+    "`main_process_first()` with a longer window) and raise the timeout for start-up: "
+    "init_process_group(timeout=timedelta(hours=2)), HF `ddp_timeout`."
+)
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "gpu_hardware_fault",
@@ -1432,21 +1445,17 @@ RULES: tuple[Rule, ...] = (
         ("progress_bar", "phase_duration", "watchdog_timeout"),
         "timeout_too_short",
         0.7,
-        "Preprocess ahead of training (tokenize or cache offline, or inside "
-        "`main_process_first()` with a longer window) and raise the timeout for start-up: "
-        "init_process_group(timeout=timedelta(hours=2)), HF `ddp_timeout`.",
+        PREP_FIX,
         _startup_work_running,
     ),
     Rule(
         "prep_cut_at_default_wait",
         "A waiting process failed in a collective while one process's data preparation, "
-        "unfinished, had run just past a default process-group timeout (none stated)",
+        "unfinished, had run about as long as a default process-group timeout (none stated)",
         ("progress_bar", "traceback_cut", "store_timeout", "python_exception"),
         "timeout_too_short",
         0.7,
-        "Preprocess ahead of training (tokenize or cache offline, or inside "
-        "`main_process_first()` with a longer window) and raise the timeout for start-up: "
-        "init_process_group(timeout=timedelta(hours=2)), HF `ddp_timeout`.",
+        PREP_FIX,
         _prep_cut_at_default_wait,
         marks_failure=True,
     ),
