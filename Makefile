@@ -27,7 +27,7 @@ run: setup
 
 ## test: the whole suite on the embedded default and on PostgreSQL + Redis, the two passes side
 ## by side (each pass's output is printed whole when it ends)
-test: setup services
+test: setup
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-embedded test-services
 
 ## test-busy: `make test` with two CPU burners beside it (run it before you push)

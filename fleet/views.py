@@ -61,20 +61,29 @@ def _date(value: str) -> datetime | None:
 # --- overview -----------------------------------------------------------------------------------
 
 
+def _days_chart(days: list[str], series: dict[str, list[int]], aria: str, **size) -> str:
+    """Columns per ISO day (labelled MM-DD), stacked by culprit class."""
+    return charts.stacked_columns(
+        [day[5:] for day in days],
+        series,
+        aria=aria,
+        empty="No incidents in the last two weeks.",
+        **size,
+    )
+
+
 @login_required
 def overview(request):
+    per_day = selectors.incidents_per_day()
     return render(
         request,
         "fleet/overview.html",
         {
             "open_incidents": selectors.incidents_needing_attention()[:10],
             "open_count": selectors.incidents_needing_attention().count(),
-            "per_day": (per_day := selectors.incidents_per_day()),
-            "per_day_chart": charts.stacked_columns(
-                [day[5:] for day in per_day["days"]],
-                per_day["series"],
-                aria="Incidents per day by culprit class",
-                empty="No incidents in the last two weeks.",
+            "per_day": per_day,
+            "per_day_chart": _days_chart(
+                per_day["days"], per_day["series"], "Incidents per day by culprit class"
             ),
             "top_culprits": selectors.culprit_scores_top(),
             "hosts": selectors.hosts_needing_attention(),
@@ -345,6 +354,7 @@ def culprit_detail(request, pk: int):
     except CulpritScore.DoesNotExist:
         raise Http404("No such culprit") from None
     incidents = selectors.culprit_incidents(score)
+    trend = selectors.culprit_trend(incidents)
     return render(
         request,
         "fleet/culprit_detail.html",
@@ -353,12 +363,10 @@ def culprit_detail(request, pk: int):
             "incidents": incidents,
             "attempts": selectors.culprit_attempts(score),
             "fix": selectors.culprit_fix(score, incidents),
-            "trend": (trend := selectors.culprit_trend(incidents)),
-            "trend_chart": charts.stacked_columns(
-                [day[5:] for day in trend["days"]],
+            "trend_chart": _days_chart(
+                trend["days"],
                 {score.culprit: trend["n"]},
-                aria="Incidents per day, last two weeks",
-                empty="No incidents in the last two weeks.",
+                "Incidents per day, last two weeks",
                 height=160,
             ),
             "host": selectors.culprit_host(score),

@@ -728,16 +728,18 @@ DEFAULT_WAITS_S = (600, 1800)
 # before it kills the process, torchrun's agent checks its workers every monitor_interval (up
 # to 5 s) and gives the survivors 30 s after SIGTERM before SIGKILL.
 CUT_LATENCY_S = 480 + 5 + 30
+# A wait that expired says so ("Socket Timeout", "Timed out waiting").
+_WAIT_EXPIRED = re.compile(r"time[d ]?\s?out", re.IGNORECASE)
 
 
 def _prep_cut_at_default_wait(f: Facts) -> Match | None:
     """No wait is stated anywhere (no watchdog line with its Timeout(ms), no store timeout's),
     a waiting process failed inside a collective call or on the store, and one process's data
-    preparation bar, unfinished, had run just past one of the default waits: the others waited
-    at the barrier for the whole preparation (main_process_first), and the default timeout
-    ended it. The bar's last state is near the default (NEAR_LIMIT of it) or past it by no more
-    than the job's teardown takes; a bar that ran longer says the job had another timeout,
-    unknown here, and names nothing."""
+    preparation bar, unfinished, had run about as long as one of the default waits: the others
+    waited at the barrier for the whole preparation (main_process_first), and the default
+    timeout ended it. The bar's last state is near the default (NEAR_LIMIT of it) or past it by
+    no more than the job's teardown takes; a bar that ran longer says the job had another
+    timeout, unknown here, and names nothing."""
     if f.collective_limit_s() or f.has_crash_or_hardware():
         return None
     exceptions = f.of("python_exception")
@@ -769,9 +771,6 @@ def _prep_cut_at_default_wait(f: Facts) -> Match | None:
         ),
         evidence=cite([bar, *waits[:2]], "prep_cut_at_default_wait"),
     )
-
-
-_WAIT_EXPIRED = re.compile(r"time[d ]?\s?out", re.IGNORECASE)
 
 
 def _wait_place(event) -> str:

@@ -24,7 +24,7 @@ def test_each_nonzero_count_is_one_segment_in_its_class_colour_under_its_total()
         ]
     )
     assert "<title>11-24 · storage_io: 2</title>" in svg
-    assert re.search(r">3</text>", svg) and re.search(r">3</text>.*>3</text>", svg)  # totals
+    assert re.findall(r'font-size="10">(\d*)</text>', svg) == ["3", "3"]  # each day's total
     assert svg.count('width="10" height="10"') == 2  # a legend: two classes drawn
 
 
