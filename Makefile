@@ -25,10 +25,8 @@ run: setup
 	$(BIN)/python manage.py demo_fleet
 	$(BIN)/python manage.py runserver 127.0.0.1:8000
 
-## test: the whole suite on the embedded default and on PostgreSQL + Redis, the two passes side
-## by side (each pass's output is printed whole when it ends)
-test: setup
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-embedded test-services
+## test: the whole suite on the embedded default, then on PostgreSQL + Redis
+test: test-embedded test-services
 
 ## test-busy: `make test` with two CPU burners beside it (run it before you push)
 test-busy: setup

@@ -114,7 +114,7 @@ def test_an_unseeded_split_is_flagged_at_step_zero_before_the_job_hangs(
             tmp_path, "e2e-unseeded", 2, JOB_MODE="unseeded", JOB_GO=str(go), JOB_TIMEOUT_S="3"
         )
         try:
-            incident = wait_for(lambda: incident_of("e2e-unseeded"), 40, "the data order incident")
+            incident = wait_for(lambda: incident_of("e2e-unseeded"), 120, "the data order incident")
             # Flagged while every rank still waits before its first step.
             assert not go.exists()
             beats = [b for b in agent.heartbeats if b["job"] == "e2e-unseeded"]
@@ -125,7 +125,7 @@ def test_an_unseeded_split_is_flagged_at_step_zero_before_the_job_hangs(
             assert {s["id"] for s in incident.suspects if s["kind"] == "rank"}
             go.touch()
             for proc in procs:
-                proc.wait(timeout=40)
+                proc.wait(timeout=120)
         finally:
             for proc in procs:
                 proc.kill()
@@ -135,10 +135,10 @@ def test_an_unseeded_split_is_flagged_at_step_zero_before_the_job_hangs(
 
         wait_for(
             lambda: Upload.objects.filter(job__external_id="e2e-unseeded", kind="fr_dump").exists(),
-            15,
+            60,
             "the Flight Recorder dump upload",
         )
-        assert agent.flush(timeout_s=10)
+        assert agent.flush(timeout_s=60)
     kinds = set(
         Upload.objects.filter(job__external_id="e2e-unseeded").values_list("kind", flat=True)
     )
@@ -164,12 +164,12 @@ def test_a_stalled_rank_gets_an_on_demand_flight_recorder_dump_through_its_pipe(
         )
         try:
             for proc in procs:
-                proc.wait(timeout=40)
+                proc.wait(timeout=120)
         finally:
             for proc in procs:
                 proc.kill()
         assert all(p.returncode == 0 for p in procs)
-        assert agent.flush(timeout_s=10)
+        assert agent.flush(timeout_s=60)
     from ingest.models import Event, Upload
 
     dumps = Upload.objects.filter(job__external_id="e2e-stall", kind="fr_dump")

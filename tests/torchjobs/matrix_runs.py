@@ -3,11 +3,11 @@ artifacts: ``tests/torchjobs/matrix/`` holds the jobs, written blind to the rule
 
 The jobs run once per checkout and code: their artifacts are kept under ``var/test-cache``
 keyed by a hash of everything that runs in them (the jobs, the agent package with the torch
-integration, the torch version), under a lock, so ``make test``'s other pass (the two run side
-by side) reads the same real runs instead of running them again. Each test process gets its own
-copy, with the runs' directory rewritten in the text files that name it (logs, heartbeats):
-agents write their spools and state beside the artifacts, and the kept runs stay as the jobs
-left them."""
+integration, the torch version), under a lock (two test processes at once share them), so
+``make test``'s second pass reads the same real runs instead of running them again. Each test
+process gets its own copy, with the runs' directory rewritten in the text files that name it
+(logs, heartbeats): agents write their spools and state beside the artifacts, and the kept runs
+stay as the jobs left them."""
 
 from __future__ import annotations
 
@@ -53,8 +53,9 @@ def matrix_runs() -> dict[str, Path]:
     of the kept runs for this process alone."""
     kept = CACHE / f"matrix-{fingerprint()}"
     if not (kept / "runs.json").exists():
-        # `make test` runs its two passes side by side: the first to get here runs the jobs
-        # (two at a time, as they were written to run), the other waits and reads them.
+        # Two test processes at once (the two passes of `make test` run by hand together): the
+        # first to get here runs the jobs (two at a time, as they were written to run), the
+        # other waits and reads them.
         CACHE.mkdir(parents=True, exist_ok=True)
         with (CACHE / "matrix.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
